@@ -1,0 +1,72 @@
+"""The one error root and the one status table.
+
+Every failure the service reports is a `ServiceError` with a code from
+`STATUS`; the HTTP layer turns it into `{"error": {"code", "message"}}` with the
+status the table gives. Nothing else decides a status code.
+"""
+
+from __future__ import annotations
+
+STATUS: dict[str, int] = {
+    # 400: the bytes are not an image we can read
+    "empty_body": 400,
+    "undecodable_image": 400,
+    "bad_multipart": 400,
+    "missing_file": 400,
+    "bad_request": 400,
+    # 403: a request asked for something the config forbids
+    "override_forbidden": 403,
+    # 404 / 405: no such route or model
+    "not_found": 404,
+    "method_not_allowed": 405,
+    # 413: too big, by bytes, pixels or count
+    "payload_too_large": 413,
+    "too_many_pixels": 413,
+    "too_many_files": 413,
+    # 415: not an image media type
+    "unsupported_media_type": 415,
+    # 422: well-formed request, bad parameter value
+    "invalid_parameter": 422,
+    "unknown_variant": 422,
+    # 503: try again later (always with Retry-After)
+    "overloaded": 503,
+    "inference_timeout": 503,
+    "variant_unavailable": 503,
+    "replica_failed": 503,
+    "not_ready": 503,
+}
+
+RETRY_AFTER_S = 1
+
+
+class ServiceError(Exception):
+    """A failure with a stable machine-readable code and a human message."""
+
+    def __init__(self, code: str, message: str) -> None:
+        if code not in STATUS:
+            raise ValueError(f"unknown error code {code!r}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def status(self) -> int:
+        return STATUS[self.code]
+
+    @property
+    def retryable(self) -> bool:
+        return self.status == 503
+
+    def body(self) -> dict[str, dict[str, str]]:
+        return {"error": {"code": self.code, "message": self.message}}
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(RETRY_AFTER_S)} if self.retryable else {}
+
+    def __reduce__(self) -> tuple[type[ServiceError], tuple[str, str]]:
+        # Crosses Ray's object store: keep it picklable with both fields.
+        return (type(self), (self.code, self.message))
+
+
+class ImageInputError(ServiceError):
+    """The request's image cannot be used (empty, undecodable, too large)."""
