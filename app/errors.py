@@ -34,6 +34,8 @@ STATUS: dict[str, int] = {
     "variant_unavailable": 503,
     "replica_failed": 503,
     "not_ready": 503,
+    # 500: a bug in this service, never an input's fault; logged with its traceback
+    "internal_error": 500,
 }
 
 RETRY_AFTER_S = 1
@@ -70,3 +72,15 @@ class ServiceError(Exception):
 
 class ImageInputError(ServiceError):
     """The request's image cannot be used (empty, undecodable, too large)."""
+
+
+def find_service_error(exc: BaseException) -> ServiceError | None:
+    """The ServiceError behind an exception that crossed Ray (RayTaskError wraps it as `.cause`)."""
+    seen = 0
+    cur: BaseException | None = exc
+    while cur is not None and seen < 8:
+        if isinstance(cur, ServiceError):
+            return ServiceError(cur.code, cur.message)
+        cur = getattr(cur, "cause", None) or cur.__cause__
+        seen += 1
+    return None

@@ -1,0 +1,140 @@
+"""Typed configuration: the application's build arguments and each deployment's user_config.
+
+Build arguments (`AppArgs`) fix what the app is made of: the variants and
+their model files, the device policy, the input limits. They change only with
+a redeploy that restarts replicas. `RouterConfig` and `ClassifierConfig` are
+user_configs: Serve hands them to `reconfigure` on running replicas, so A/B
+weights and batch settings change live, without a restart.
+
+Every model rejects unknown fields, so a misspelt key fails at deploy naming
+the field instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from app.models import MODEL_NAME, default_files
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class VariantArgs(_Strict):
+    """One servable build of the model, bound as its own Classifier deployment."""
+
+    model_path: str = Field(description="ONNX file; a relative path is relative to the working directory")
+    description: str = Field("", description="shown in GET /v1/models")
+
+
+class Limits(_Strict):
+    """Input limits, all checked before any expensive work."""
+
+    max_body_bytes: int = Field(10 * 1024 * 1024, gt=0, description="request body limit (413 beyond)")
+    max_pixels: int = Field(40_000_000, gt=0, description="width x height limit, read from the header (413)")
+    max_batch_files: int = Field(64, gt=0, le=1024, description="images in one /v1/classify/batch request (413)")
+    max_top_k: int = Field(20, gt=0, le=1000, description="largest top_k a request may ask for (422)")
+    default_top_k: int = Field(5, gt=0, description="top_k when the request gives none")
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> Limits:
+        if self.default_top_k > self.max_top_k:
+            raise ValueError(f"default_top_k ({self.default_top_k}) exceeds max_top_k ({self.max_top_k})")
+        return self
+
+
+class AppArgs(_Strict):
+    """Arguments of `app.main:build_app` (the `args:` block of a Serve config)."""
+
+    model_name: str = Field(MODEL_NAME, description="name reported to clients")
+    variants: dict[str, VariantArgs] = Field(
+        default_factory=lambda: {
+            "int8": VariantArgs(model_path=str(default_files().int8), description="INT8 QDQ, static PTQ"),
+            "fp32": VariantArgs(model_path=str(default_files().fp32), description="FP32 reference"),
+        },
+        description="variant name -> model; each becomes deployment Classifier_<name>",
+    )
+    labels_path: str | None = Field(None, description="one label per line; default: the built-in ImageNet labels")
+    build_default_models: bool = Field(
+        True, description="build the built-in EfficientNet-Lite0 files if they are missing (local use)"
+    )
+    check_model_files: bool = Field(True, description="fail at deploy if a model file is missing on this node")
+    device: Literal["auto", "cuda", "cpu"] = Field(
+        "auto", description="auto: CUDA when the replica was granted a GPU, else CPU; cuda: always try CUDA"
+    )
+    require_gpu: bool = Field(False, description="a Classifier that ends up on CPU fails to start")
+    gpu_mem_limit_bytes: int | None = Field(None, gt=0, description="ONNX Runtime CUDA arena limit per replica")
+    limits: Limits = Field(default_factory=Limits)
+
+    @field_validator("variants")
+    @classmethod
+    def _variant_names(cls, v: dict[str, VariantArgs]) -> dict[str, VariantArgs]:
+        if not v:
+            raise ValueError("at least one variant is required")
+        for name in v:
+            if not name.replace("_", "").replace("-", "").isalnum() or not name.isascii():
+                raise ValueError(f"variant name {name!r} must be letters, digits, '-' or '_'")
+        return v
+
+    def resolved_path(self, path: str) -> Path:
+        """Relative model paths are relative to the directory `serve run` / `serve deploy` was started in."""
+        return Path(path).absolute()
+
+    def is_default_model(self, path: Path) -> bool:
+        files = default_files(path.parent)
+        return path in (files.fp32, files.int8)
+
+
+class RouterConfig(_Strict):
+    """The Router's user_config: the A/B policy and per-request deadlines (all live)."""
+
+    weights: dict[str, float] = Field(description="variant -> relative weight; need not sum to 1")
+    sticky_header: str = Field("X-User-Id", description="requests with this header always get the same variant")
+    override_header: str = Field("X-Model-Variant", description="header that names a variant explicitly")
+    allow_override: bool = Field(True, description="honour the override header (403 when false)")
+    failover: bool = Field(True, description="serve from another variant when the chosen one is down")
+    inference_timeout_s: float = Field(10.0, gt=0, description="deadline per request, from arrival (503 beyond)")
+    shadow_fraction: float = Field(0.0, ge=0, le=1, description="share of requests also run on the other variant")
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_valid(cls, w: dict[str, float]) -> dict[str, float]:
+        negative = {k: v for k, v in w.items() if v < 0}
+        if negative:
+            raise ValueError(f"weights must be >= 0, got {negative}")
+        if not w or sum(w.values()) <= 0:
+            raise ValueError(f"at least one weight must be positive, got {w}")
+        return w
+
+
+class ClassifierConfig(_Strict):
+    """A Classifier's user_config: dynamic batching, changed live through reconfigure."""
+
+    max_batch_size: int = Field(16, gt=0, le=256, description="images per ONNX Runtime call")
+    batch_wait_timeout_s: float = Field(0.003, ge=0, le=1, description="how long a partial batch waits to fill")
+    max_concurrent_batches: int = Field(1, gt=0, le=8, description="batches in flight per replica")
+    warmup: bool = Field(True, description="run every batch size once at start so first requests are not slow")
+    profile_batches: int = Field(0, ge=0, le=1000, description="profile the next N batches with ONNX Runtime")
+    profile_dir: str = Field("/tmp/app-profiles", description="where profiling traces are written")
+
+    def check_against(self, max_ongoing_requests: int) -> None:
+        """Batches can only fill if a replica accepts enough requests at once."""
+        needed = self.max_batch_size * self.max_concurrent_batches
+        if max_ongoing_requests < needed:
+            raise ValueError(
+                f"user_config.max_batch_size ({self.max_batch_size}) x max_concurrent_batches "
+                f"({self.max_concurrent_batches}) = {needed} exceeds max_ongoing_requests ({max_ongoing_requests}): "
+                "batches could never fill; raise max_ongoing_requests or lower max_batch_size"
+            )
+
+
+def router_deployment_name() -> str:
+    return "Router"
+
+
+def classifier_deployment_name(variant: str) -> str:
+    return f"Classifier_{variant}"

@@ -1,0 +1,672 @@
+"""The Ray Serve deployments: Router (HTTP ingress, A/B), Preprocessor (CPU), Classifier (GPU, batched).
+
+Data path: the Router reads and checks the request, picks a variant, calls the
+Preprocessor and passes its DeploymentResponse straight into the Classifier,
+so the image tensor goes Preprocessor -> object store -> Classifier and never
+back through the Router. Only the top-k scores come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+from ray import serve
+from ray.exceptions import RayActorError, TaskCancelledError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, RequestCancelledError
+from ray.serve.handle import DeploymentHandle, DeploymentResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from app.config import AppArgs, ClassifierConfig, RouterConfig
+from app.errors import ServiceError, find_service_error
+from app.multipart import parse_multipart
+from app.preprocess import preprocess, probe_dimensions
+from app.routing import WeightedSplit, choose_variant, failover_order
+from app.runtime import CPU, CUDA, ModelLoadError, ModelRunner, RuntimeOptions, threads_for
+
+logger = logging.getLogger("ray.serve")
+
+IMAGE_TYPES_EXTRA = {"application/octet-stream"}
+
+# Replica-level failures worth one retry on another replica (inference is idempotent).
+_REPLICA_FAILURES = (RayActorError, DeploymentUnavailableError)
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)
+
+
+def _request_id(request: Request) -> str:
+    """Serve's own request id (it also returns it as the X-Request-Id header and logs it)."""
+    try:
+        rid = serve.context._get_serve_request_context().request_id
+    except Exception:
+        rid = ""
+    return rid or request.headers.get("x-request-id") or uuid.uuid4().hex
+
+
+def _replica_id() -> str:
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # outside a replica (unit use)
+        return "local"
+
+
+# --------------------------------------------------------------------------- Preprocessor
+
+
+@dataclass
+class Pixels:
+    """What the Preprocessor hands the Classifier: uint8 [N, H, W, 3] plus where its time went."""
+
+    array: np.ndarray
+    preprocess_ms: float
+    errors: dict[int, ServiceError]  # per-image failures of a multi-image request, by position
+    positions: list[int]  # positions of array rows in the original request
+
+
+@serve.deployment(name="Preprocessor", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=32)
+class Preprocessor:
+    """Decode, colour-convert and resize on CPU; uint8 out (4x fewer bytes than float32)."""
+
+    def __init__(self, max_pixels: int) -> None:
+        self.max_pixels = max_pixels
+
+    def describe(self) -> dict[str, Any]:
+        return {"replica_id": _replica_id(), "node_id": ray.get_runtime_context().get_node_id()}
+
+    def __call__(self, data: bytes, size: int) -> Pixels:
+        t0 = time.perf_counter()
+        img = preprocess(data, size=size, max_pixels=self.max_pixels)
+        return Pixels(img[None], _ms(time.perf_counter() - t0), {}, [0])
+
+    def many(self, images: list[bytes], size: int) -> Pixels:
+        """Several images of one request; a bad image fails only its own position."""
+        t0 = time.perf_counter()
+        rows, positions, errors = [], [], {}
+        for i, data in enumerate(images):
+            try:
+                rows.append(preprocess(data, size=size, max_pixels=self.max_pixels))
+                positions.append(i)
+            except ServiceError as e:
+                errors[i] = e
+        array = np.stack(rows) if rows else np.zeros((0, size, size, 3), np.uint8)
+        return Pixels(array, _ms(time.perf_counter() - t0), errors, positions)
+
+
+# --------------------------------------------------------------------------- Classifier
+
+
+@dataclass
+class Scores:
+    """The Classifier's answer for one request: top-k per image and the batch it rode in."""
+
+    top: list[list[tuple[int, float]]]  # per row: (class_id, probability), best first
+    preprocess_ms: float
+    queue_ms: float
+    inference_ms: float
+    batch_size: int
+    variant: str
+    provider: str
+    errors: dict[int, ServiceError]
+    positions: list[int]
+
+
+@dataclass
+class _Item:
+    pixels: np.ndarray
+    arrived: float
+
+
+@dataclass
+class _Done:
+    probs: np.ndarray
+    queue_ms: float
+    inference_ms: float
+    batch_size: int
+
+
+def _top_k(probs: np.ndarray, k: int) -> list[tuple[int, float]]:
+    k = min(k, probs.shape[-1])
+    idx = np.argpartition(-probs, k - 1)[:k]
+    idx = idx[np.argsort(-probs[idx])]
+    return [(int(i), float(probs[i])) for i in idx]
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=1, keepdims=True)
+    return z
+
+
+@serve.deployment(name="Classifier", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=32)
+class Classifier:
+    """One model variant: an ONNX Runtime session behind dynamic batching."""
+
+    def __init__(
+        self,
+        variant: str,
+        model_path: str,
+        device: str = "auto",
+        require_gpu: bool = False,
+        gpu_mem_limit_bytes: int | None = None,
+    ) -> None:
+        self.variant = variant
+        resources = ray.get_runtime_context().get_assigned_resources()
+        self.num_cpus = float(resources.get("CPU", 1.0))
+        gpu_ids = ray.get_gpu_ids()
+        prefer_gpu = device == "cuda" or (device == "auto" and bool(gpu_ids))
+        opts = RuntimeOptions(
+            threads=threads_for(self.num_cpus),
+            prefer_gpu=prefer_gpu,
+            require_gpu=require_gpu,
+            gpu_mem_limit_bytes=gpu_mem_limit_bytes,
+        )
+        try:
+            self.runner = ModelRunner(model_path, opts)
+        except ModelLoadError as e:
+            # Raised from the constructor, this fails the replica; `serve status` shows the message.
+            raise RuntimeError(f"Classifier_{variant}: {e}") from e
+        self.replica_id = _replica_id()
+        self.cfg: ClassifierConfig | None = None
+        self._batch: Callable[[_Item], Awaitable[_Done]] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._warmed_to = 0
+        logger.info(
+            "Classifier_%s loaded %s on %s (requested %s), %d intra-op threads",
+            variant,
+            model_path,
+            self.runner.active_provider,
+            self.runner.requested_providers,
+            opts.threads,
+        )
+
+    # -- configuration (live) ------------------------------------------------------
+
+    def reconfigure(self, config: dict[str, Any]) -> None:
+        cfg = ClassifierConfig.model_validate(config or {})
+        try:
+            max_ongoing = serve.get_replica_context()._deployment_config.max_ongoing_requests
+        except Exception:
+            max_ongoing = None
+        if max_ongoing is not None:
+            cfg.check_against(max_ongoing)
+        if self._batch is None or self.cfg is None or cfg.max_concurrent_batches != self.cfg.max_concurrent_batches:
+            # max_concurrent_batches has no live setter in serve.batch: make a new batcher (old one drains).
+            self._executor = ThreadPoolExecutor(cfg.max_concurrent_batches, thread_name_prefix="ort")
+            self._batch = serve.batch(
+                max_batch_size=cfg.max_batch_size,
+                batch_wait_timeout_s=cfg.batch_wait_timeout_s,
+                max_concurrent_batches=cfg.max_concurrent_batches,
+                batch_size_fn=lambda items: sum(len(it.pixels) for it in items),
+            )(self._run_batch)
+        else:
+            self._batch.set_max_batch_size(cfg.max_batch_size)  # type: ignore[attr-defined]
+            self._batch.set_batch_wait_timeout_s(cfg.batch_wait_timeout_s)  # type: ignore[attr-defined]
+        if cfg.warmup and self._warmed_to < cfg.max_batch_size:
+            self._warm_up(cfg.max_batch_size)
+        self.cfg = cfg
+        logger.info(
+            "Classifier_%s batching: max_batch_size=%d batch_wait_timeout_s=%s max_concurrent_batches=%d",
+            self.variant,
+            cfg.max_batch_size,
+            cfg.batch_wait_timeout_s,
+            cfg.max_concurrent_batches,
+        )
+
+    def _warm_up(self, up_to: int) -> None:
+        """Every batch size once, so no user request pays for first-run allocation."""
+        t0 = time.perf_counter()
+        for n in range(self._warmed_to + 1, up_to + 1):
+            self.runner.logits(self.runner.dummy_batch(n))
+        self._warmed_to = up_to
+        gc.collect()
+        gc.freeze()  # the model and warm-up garbage are long-lived: keep them out of every GC pass
+        logger.info("Classifier_%s warmed up batch sizes 1..%d in %.1fs", self.variant, up_to, time.perf_counter() - t0)
+
+    # -- requests ---------------------------------------------------------------------
+
+    async def __call__(self, pixels: Pixels, top_k: int) -> Scores:
+        return await self._classify(pixels, top_k)
+
+    async def _classify(self, pixels: Pixels, top_k: int) -> Scores:
+        assert self._batch is not None and self.cfg is not None, "reconfigure runs before any request"
+        arrived = time.perf_counter()
+        array = self._check_pixels(pixels.array)
+        step = self.cfg.max_batch_size
+        chunks = [array[i : i + step] for i in range(0, len(array), step)] if len(array) else []
+        done = await asyncio.gather(*(self._batch(_Item(c, arrived)) for c in chunks))
+        top = [_top_k(row, top_k) for d in done for row in d.probs]
+        return Scores(
+            top=top,
+            preprocess_ms=pixels.preprocess_ms,
+            queue_ms=max((d.queue_ms for d in done), default=0.0),
+            inference_ms=sum(d.inference_ms for d in done),
+            batch_size=max((d.batch_size for d in done), default=0),
+            variant=self.variant,
+            provider=self.runner.active_provider,
+            errors=pixels.errors,
+            positions=pixels.positions,
+        )
+
+    def _check_pixels(self, array: np.ndarray) -> np.ndarray:
+        spec = self.runner.spec
+        want = (spec.height, spec.width, 3)
+        if array.ndim != 4 or tuple(array.shape[1:]) != want or array.dtype != np.uint8:
+            raise ServiceError(
+                "invalid_parameter",
+                f"pixels must be uint8 [N, {want[0]}, {want[1]}, 3], got {array.dtype} {array.shape}",
+            )
+        return array
+
+    async def _run_batch(self, items: list[_Item]) -> list[_Done]:
+        started = time.perf_counter()
+        x = items[0].pixels if len(items) == 1 else np.concatenate([it.pixels for it in items])
+        loop = asyncio.get_running_loop()
+        # ONNX Runtime releases the GIL; running it off the event loop keeps requests flowing into the queue.
+        probs = await loop.run_in_executor(self._executor, self._infer, x)
+        inference_ms = _ms(time.perf_counter() - started)
+        out, row = [], 0
+        for it in items:
+            n = len(it.pixels)
+            out.append(_Done(probs[row : row + n], _ms(started - it.arrived), inference_ms, len(x)))
+            row += n
+        return out
+
+    def _infer(self, x: np.ndarray) -> np.ndarray:
+        return _softmax(self.runner.logits(x))
+
+    # -- introspection -------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        cfg = self.cfg or ClassifierConfig()
+        return {
+            "variant": self.variant,
+            "model_file": str(self.runner.path),
+            "execution_provider": self.runner.active_provider,
+            "requested_providers": self.runner.requested_providers,
+            "on_gpu": self.runner.active_provider == CUDA,
+            "fell_back_to_cpu": CUDA in self.runner.requested_providers and self.runner.active_provider == CPU,
+            "intra_op_threads": self.runner.opts.threads,
+            "num_cpus": self.num_cpus,
+            "batching": {
+                "max_batch_size": cfg.max_batch_size,
+                "batch_wait_timeout_s": cfg.batch_wait_timeout_s,
+                "max_concurrent_batches": cfg.max_concurrent_batches,
+            },
+            "warmed_up_to": self._warmed_to,
+            "input": self.runner.spec.describe(),
+            "replica_id": self.replica_id,
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
+
+    def ready(self) -> bool:
+        return self.runner.alive and self.cfg is not None and (not self.cfg.warmup or self._warmed_to > 0)
+
+    def check_health(self) -> None:
+        if not self.runner.alive:
+            raise RuntimeError(f"Classifier_{self.variant}: the ONNX Runtime session is gone")
+
+
+# --------------------------------------------------------------------------- Router
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def error_response(err: ServiceError) -> Response:
+    return _json(err.body(), err.status, err.headers())
+
+
+def parse_top_k(raw: str | None, limits_default: int, limits_max: int) -> int:
+    if raw is None or raw == "":
+        return limits_default
+    try:
+        k = int(raw)
+    except ValueError:
+        raise ServiceError("invalid_parameter", f"top_k must be an integer, got {raw[:32]!r}") from None
+    if not 1 <= k <= limits_max:
+        raise ServiceError("invalid_parameter", f"top_k must be between 1 and {limits_max}, got {k}")
+    return k
+
+
+def _media_type(content_type: str | None) -> str:
+    return (content_type or "").split(";")[0].strip().lower()
+
+
+def _is_image_type(media_type: str) -> bool:
+    return media_type.startswith("image/") or media_type in IMAGE_TYPES_EXTRA
+
+
+@serve.deployment(name="Router", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=256)
+class Router:
+    """HTTP ingress: validation, the A/B choice, the Preprocessor -> Classifier chain, the reply."""
+
+    def __init__(
+        self,
+        preprocessor: DeploymentHandle,
+        classifiers: dict[str, DeploymentHandle],
+        args: dict[str, Any],
+        labels: list[str],
+    ) -> None:
+        self.args = AppArgs.model_validate(args)
+        self.limits = self.args.limits
+        self.preprocessor = preprocessor
+        self.classifiers = classifiers
+        self.variants = sorted(classifiers)
+        self.labels = labels
+        self.cfg: RouterConfig | None = None
+        self.split: WeightedSplit | None = None
+        self._sizes: dict[str, int] = {}
+        self.replica_id = _replica_id()
+        self.rng = random.Random()
+        self.routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
+            ("POST", "/v1/classify"): self.classify,
+            ("POST", "/v1/classify/batch"): self.classify_batch,
+            ("GET", "/v1/models"): self.models,
+            ("GET", "/healthz"): self.healthz,
+            ("GET", "/readyz"): self.readyz,
+        }
+
+    def reconfigure(self, config: dict[str, Any]) -> None:
+        cfg = RouterConfig.model_validate(config)
+        unknown = sorted(set(cfg.weights) - set(self.variants))
+        if unknown:
+            raise ValueError(f"user_config.weights names unknown variants {unknown}; deployed: {self.variants}")
+        self.split = WeightedSplit(cfg.weights)
+        self.cfg = cfg
+        logger.info(
+            "Router A/B weights %s (sticky %s, override %s)",
+            self.split.fractions,
+            cfg.sticky_header,
+            "allowed" if cfg.allow_override else "refused",
+        )
+
+    # -- HTTP dispatch ---------------------------------------------------------------
+
+    async def __call__(self, request: Request) -> Response:
+        handler = self.routes.get((request.method, request.url.path.rstrip("/") or "/"))
+        if handler is None:
+            if any(path == request.url.path for _, path in self.routes):
+                return error_response(ServiceError("method_not_allowed", f"{request.method} not allowed here"))
+            return error_response(ServiceError("not_found", f"no route {request.url.path}"))
+        try:
+            return await handler(request)
+        except ServiceError as e:
+            return error_response(e)
+        except Exception as e:  # a bug, not an input's fault: keep the replica serving
+            logger.exception("unhandled error on %s %s", request.method, request.url.path)
+            return error_response(ServiceError("internal_error", f"internal error ({type(e).__name__})"))
+
+    async def healthz(self, request: Request) -> Response:
+        return _json({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        states = await asyncio.gather(
+            *(self._call(self.classifiers[v].ready.remote(), 2.0) for v in self.variants), return_exceptions=True
+        )
+        detail = {v: (s is True) for v, s in zip(self.variants, states, strict=True)}
+        if all(detail.values()):
+            return _json({"status": "ready", "variants": detail})
+        err = ServiceError("not_ready", f"variants not ready: {sorted(v for v, ok in detail.items() if not ok)}")
+        return _json({**err.body(), "variants": detail}, err.status, err.headers())
+
+    async def models(self, request: Request) -> Response:
+        assert self.cfg is not None and self.split is not None
+        described = await asyncio.gather(
+            *(self._call(self.classifiers[v].describe.remote(), 5.0) for v in self.variants), return_exceptions=True
+        )
+        variants = {}
+        for v, d in zip(self.variants, described, strict=True):
+            info = d if isinstance(d, dict) else {"error": str(find_service_error(d) or type(d).__name__)}
+            variants[v] = {
+                "deployment": f"Classifier_{v}",
+                "weight": self.cfg.weights.get(v, 0.0),
+                "traffic_fraction": self.split.fractions.get(v, 0.0),
+                "description": self.args.variants[v].description,
+                **info,
+            }
+        return _json(
+            {
+                "model": self.args.model_name,
+                "variants": variants,
+                "routing": {
+                    "sticky_header": self.cfg.sticky_header,
+                    "override_header": self.cfg.override_header,
+                    "allow_override": self.cfg.allow_override,
+                    "failover": self.cfg.failover,
+                    "inference_timeout_s": self.cfg.inference_timeout_s,
+                },
+                "limits": self.limits.model_dump(),
+                "router_replica_id": self.replica_id,
+            }
+        )
+
+    # -- classification ----------------------------------------------------------------
+
+    async def classify(self, request: Request) -> Response:
+        t0 = time.perf_counter()
+        request_id = _request_id(request)
+        try:
+            top_k = parse_top_k(request.query_params.get("top_k"), self.limits.default_top_k, self.limits.max_top_k)
+            data = await self._read_single_image(request)
+            receive_ms = _ms(time.perf_counter() - t0)
+            scores, choice_reason, failed_over = await self._infer(request, "__call__", data, top_k, t0)
+        except ServiceError as e:
+            logger.info("classify request_id=%s status=%d code=%s", request_id, e.status, e.code)
+            return error_response(e)
+        body = self._result_body(scores, 0, request_id, choice_reason, failed_over)
+        total_ms = _ms(time.perf_counter() - t0)
+        body["timings_ms"] = {"receive": receive_ms, **body["timings_ms"], "total": total_ms}
+        logger.info("classify request_id=%s variant=%s status=200 total_ms=%.1f", request_id, scores.variant, total_ms)
+        return _json(body, headers=self._headers(scores.variant, body["timings_ms"]))
+
+    async def classify_batch(self, request: Request) -> Response:
+        t0 = time.perf_counter()
+        request_id = _request_id(request)
+        try:
+            top_k = parse_top_k(request.query_params.get("top_k"), self.limits.default_top_k, self.limits.max_top_k)
+            images = await self._read_multipart_images(request, self.limits.max_batch_files)
+            scores, reason, failed_over = await self._infer(request, "many", images, top_k, t0)
+        except ServiceError as e:
+            return error_response(e)
+        results: list[dict[str, Any]] = [{} for _ in images]
+        for i, err in scores.errors.items():
+            results[i] = {**err.body(), "status": err.status}
+        for row, pos in enumerate(scores.positions):
+            results[pos] = self._result_body(scores, row, f"{request_id}-{pos}", reason, failed_over)
+        total_ms = _ms(time.perf_counter() - t0)
+        timings = {
+            "preprocess": scores.preprocess_ms,
+            "queue": scores.queue_ms,
+            "inference": scores.inference_ms,
+            "total": total_ms,
+            "batch_size": scores.batch_size,
+        }
+        body = {"request_id": request_id, "variant": scores.variant, "results": results, "timings_ms": timings}
+        return _json(body, headers=self._headers(scores.variant, timings))
+
+    def _result_body(self, s: Scores, row: int, request_id: str, reason: str, failed_over: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "request_id": request_id,
+            "variant": s.variant,
+            "model": self.args.model_name,
+            "predictions": [
+                {"class_id": c, "label": self.labels[c] if c < len(self.labels) else str(c), "score": round(p, 6)}
+                for c, p in s.top[row]
+            ],
+            "routing": reason,
+            "timings_ms": {
+                "preprocess": s.preprocess_ms,
+                "queue": s.queue_ms,
+                "inference": s.inference_ms,
+                "batch_size": s.batch_size,
+            },
+        }
+        if failed_over:
+            body["failover"] = True
+        return body
+
+    def _headers(self, variant: str, timings: dict[str, float]) -> dict[str, str]:
+        server_timing = ", ".join(f"{k};dur={v}" for k, v in timings.items() if k != "batch_size")
+        return {"X-Model-Variant": variant, "Server-Timing": server_timing}
+
+    # -- reading the request -----------------------------------------------------------
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise ServiceError("payload_too_large", f"body of {declared} bytes exceeds the {limit}-byte limit")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ServiceError("payload_too_large", f"body exceeds the {limit}-byte limit")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _read_single_image(self, request: Request) -> bytes:
+        media = _media_type(request.headers.get("content-type"))
+        if media == "multipart/form-data":
+            return (await self._read_multipart_images(request, 1))[0]
+        if not _is_image_type(media):
+            raise ServiceError(
+                "unsupported_media_type",
+                f"Content-Type {media or '(none)'!r} is not an image; send image/* or multipart/form-data",
+            )
+        data = await self._read_body(request)
+        self._check_image_header(data)
+        return data
+
+    async def _read_multipart_images(self, request: Request, max_files: int) -> list[bytes]:
+        content_type = request.headers.get("content-type", "")
+        if _media_type(content_type) != "multipart/form-data":
+            raise ServiceError("unsupported_media_type", "send multipart/form-data with one or more `file` parts")
+        body = await self._read_body(request)
+        parts = [p for p in parse_multipart(body, content_type, max_parts=max_files + 8) if p.name == "file"]
+        if not parts:
+            raise ServiceError("missing_file", "the multipart body has no part named `file`")
+        if len(parts) > max_files:
+            raise ServiceError("too_many_files", f"{len(parts)} files in one request; the limit is {max_files}")
+        for p in parts:
+            if p.content_type and not _is_image_type(_media_type(p.content_type)):
+                raise ServiceError("unsupported_media_type", f"part Content-Type {p.content_type!r} is not an image")
+        if max_files == 1:
+            self._check_image_header(parts[0].data)
+        return [p.data for p in parts]
+
+    def _check_image_header(self, data: bytes) -> None:
+        """Refuse empty bodies and pixel bombs here, before any replica decodes anything."""
+        if not data:
+            raise ServiceError("empty_body", "the request carried no image bytes")
+        info = probe_dimensions(data)
+        if info is not None and info.width * info.height > self.limits.max_pixels:
+            raise ServiceError(
+                "too_many_pixels",
+                f"image is {info.width}x{info.height}; the limit is {self.limits.max_pixels} pixels",
+            )
+
+    # -- the chain ----------------------------------------------------------------------
+
+    async def _input_size(self, variant: str) -> int:
+        """The model's input size, read from the Classifier's session once, never assumed."""
+        if variant not in self._sizes:
+            info = await self._call(self.classifiers[variant].describe.remote(), 10.0)
+            self._sizes[variant] = int(info["input"]["size"][0])
+        return self._sizes[variant]
+
+    async def _infer(
+        self, request: Request, method: str, payload: Any, top_k: int, t0: float
+    ) -> tuple[Scores, str, bool]:
+        assert self.cfg is not None and self.split is not None
+        cfg = self.cfg
+        choice = choose_variant(
+            self.split,
+            self.classifiers,
+            request.headers.get(cfg.sticky_header),
+            request.headers.get(cfg.override_header),
+            cfg.allow_override,
+            self.rng,
+        )
+        deadline = t0 + cfg.inference_timeout_s
+        candidates = [choice.variant]
+        if cfg.failover and choice.reason != "override":
+            candidates += failover_order(choice.variant, self.variants, self.split)
+        last: ServiceError | None = None
+        for n, variant in enumerate(candidates):
+            try:
+                scores = await self._chain_with_retry(variant, method, payload, top_k, deadline)
+                return scores, choice.reason, n > 0
+            except ServiceError as e:
+                if e.code not in ("variant_unavailable", "replica_failed"):
+                    raise
+                logger.warning(
+                    "variant %s unavailable (%s); %s",
+                    variant,
+                    e.message,
+                    "failing over" if n + 1 < len(candidates) else "no other variant to try",
+                )
+                last = e
+        assert last is not None
+        raise last
+
+    async def _chain_with_retry(self, variant: str, method: str, payload: Any, top_k: int, deadline: float) -> Scores:
+        for attempt in (1, 2):
+            try:
+                return await self._chain(variant, method, payload, top_k, deadline)
+            except _REPLICA_FAILURES as e:
+                unavailable = isinstance(e, DeploymentUnavailableError)
+                if attempt == 2 or unavailable or time.perf_counter() >= deadline:
+                    code = "variant_unavailable" if unavailable else "replica_failed"
+                    raise ServiceError(
+                        code, f"Classifier_{variant} or the Preprocessor failed: {type(e).__name__}"
+                    ) from e
+                logger.warning("replica failed mid-request (%s); retrying once", type(e).__name__)
+        raise AssertionError("unreachable")
+
+    async def _chain(self, variant: str, method: str, payload: Any, top_k: int, deadline: float) -> Scores:
+        size = await self._input_size(variant)
+        pixels: DeploymentResponse = getattr(self.preprocessor, method).remote(payload, size)
+        # The DeploymentResponse goes straight into the Classifier call: Serve resolves it there.
+        scores = self.classifiers[variant].remote(pixels, top_k)
+        return await self._call(scores, deadline - time.perf_counter(), pixels)
+
+    async def _call(self, response: Any, timeout_s: float, *upstream: Any) -> Any:
+        """Await a downstream call with a deadline, turning Ray's failures into ServiceErrors."""
+
+        async def wait() -> Any:
+            return await response
+
+        try:
+            return await asyncio.wait_for(wait(), timeout=max(timeout_s, 0.001))
+        except asyncio.TimeoutError:
+            for r in (response, *upstream):
+                r.cancel()
+            raise ServiceError("inference_timeout", f"no answer within the {timeout_s:.1f}s deadline") from None
+        except BackPressureError as e:
+            raise ServiceError("overloaded", f"the service is at capacity ({e.message}); retry shortly") from None
+        except _REPLICA_FAILURES:
+            raise
+        except (RequestCancelledError, TaskCancelledError, asyncio.CancelledError):
+            raise
+        except Exception as e:
+            found = find_service_error(e)
+            if found is not None:
+                raise found from None
+            if isinstance(getattr(e, "cause", None), _REPLICA_FAILURES):
+                raise e.cause from e  # type: ignore[attr-defined]
+            raise

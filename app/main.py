@@ -1,0 +1,96 @@
+"""The typed application builder: `import_path: app.main:build_app` in a Serve config.
+
+No `from __future__ import annotations` here: Serve inspects the builder's
+parameter annotation at run time to validate `args` with the pydantic model.
+"""
+
+import fcntl
+import logging
+from pathlib import Path
+
+from pydantic import ValidationError
+from ray.serve import Application
+
+from app.config import AppArgs, classifier_deployment_name
+from app.deployments import Classifier, Preprocessor, Router
+from app.models import ModelFiles
+
+logger = logging.getLogger("ray.serve")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be deployed; the message names the field."""
+
+
+def ensure_models(args: AppArgs) -> None:
+    """Build the built-in models if they are missing and allowed to; else insist every file exists."""
+    missing = {name: args.resolved_path(v.model_path) for name, v in args.variants.items()}
+    missing = {name: p for name, p in missing.items() if not p.is_file()}
+    buildable = {name: p for name, p in missing.items() if args.build_default_models and args.is_default_model(p)}
+    for root in {p.parent for p in buildable.values()}:
+        build_default_models(ModelFiles(root))
+    still = {name: p for name, p in missing.items() if not p.is_file()}
+    if still and args.check_model_files:
+        name, path = next(iter(sorted(still.items())))
+        raise ConfigError(f"variants.{name}.model_path: model file not found: {path}")
+
+
+def build_default_models(files: ModelFiles) -> None:
+    """FP32 + INT8 + report, once, under a file lock (several builders may race on one machine)."""
+    from app.models.build import build_fp32
+    from app.models.quantize import QuantizeOptions, quantize
+    from app.models.samples import augmented_samples
+
+    files.root.mkdir(parents=True, exist_ok=True)
+    with open(files.root / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if build_fp32(files):
+            logger.info("built %s", files.fp32)
+        if not files.int8.is_file():
+            logger.info("quantizing %s -> %s (first start only)", files.fp32, files.int8)
+            quantize(files.fp32, files.int8, augmented_samples(64, 0), QuantizeOptions())
+
+
+def load_labels(args: AppArgs) -> list[str]:
+    if args.labels_path:
+        path = args.resolved_path(args.labels_path)
+    else:
+        first = args.resolved_path(next(iter(args.variants.values())).model_path)
+        path = ModelFiles(first.parent).labels
+    if not path.is_file():
+        if args.check_model_files or args.labels_path:
+            raise ConfigError(f"labels_path: labels file not found: {path}")
+        return []
+    return path.read_text("utf-8").splitlines()
+
+
+def build_app(args: AppArgs) -> Application:
+    """Router -> Preprocessor -> Classifier_<variant> for every variant in `args`."""
+    ensure_models(args)
+    classifiers = {
+        name: Classifier.options(name=classifier_deployment_name(name)).bind(  # type: ignore[attr-defined]
+            name,
+            str(args.resolved_path(v.model_path)),
+            args.device,
+            args.require_gpu,
+            args.gpu_mem_limit_bytes,
+        )
+        for name, v in args.variants.items()
+    }
+    preprocessor = Preprocessor.bind(args.limits.max_pixels)  # type: ignore[attr-defined]
+    return Router.bind(  # type: ignore[attr-defined]
+        preprocessor, classifiers, args.model_dump(), load_labels(args)
+    )
+
+
+def app_from_dict(raw: dict) -> Application:
+    """For scripts and tests: validate a plain dict and build, with the field named on error."""
+    try:
+        args = AppArgs.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(str(e)) from e
+    return build_app(args)
+
+
+def default_app_path() -> Path:
+    return Path(__file__).resolve().parent.parent / "configs" / "local.yaml"

@@ -1,0 +1,75 @@
+"""The A/B policy, pure: weights, a sticky hash of a user id, and an explicit override.
+
+No Ray and no HTTP here: the Router hands in what it read from the request and
+gets back which variant serves it and why.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from itertools import accumulate
+
+from app.errors import ServiceError
+
+
+@dataclass(frozen=True)
+class Choice:
+    variant: str
+    reason: str  # "override" | "sticky" | "weighted" | "failover"
+
+
+def sticky_point(user_id: str) -> float:
+    """A stable point in [0, 1) for a user id: the same on every replica, host and restart."""
+    digest = hashlib.blake2b(user_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+class WeightedSplit:
+    """Maps a point in [0, 1) to a variant in proportion to the weights.
+
+    Variants are laid out in name order, so a given point (a given user) maps
+    to the same variant for as long as the weights stand, on every replica.
+    """
+
+    def __init__(self, weights: Mapping[str, float]) -> None:
+        names = sorted(name for name, w in weights.items() if w > 0)
+        if not names:
+            raise ValueError(f"no variant has a positive weight: {dict(weights)}")
+        total = sum(weights[n] for n in names)
+        self.variants = names
+        self.fractions = {n: weights[n] / total for n in names}
+        self._bounds = list(accumulate(weights[n] / total for n in names))
+        self._bounds[-1] = 1.0  # no float gap at the top
+
+    def pick(self, point: float) -> str:
+        return self.variants[min(bisect.bisect_right(self._bounds, point), len(self.variants) - 1)]
+
+
+def choose_variant(
+    split: WeightedSplit,
+    known: Mapping[str, object] | set[str],
+    user_id: str | None,
+    override: str | None,
+    allow_override: bool,
+    rng: random.Random | None = None,
+) -> Choice:
+    """Override first (when allowed), then the sticky user id, then a weighted random draw."""
+    if override:
+        if not allow_override:
+            raise ServiceError("override_forbidden", "choosing a variant by header is disabled on this service")
+        if override not in known:
+            raise ServiceError("unknown_variant", f"unknown variant {override!r}; known: {sorted(known)}")
+        return Choice(override, "override")
+    if user_id:
+        return Choice(split.pick(sticky_point(user_id)), "sticky")
+    return Choice(split.pick((rng or random).random()), "weighted")
+
+
+def failover_order(chosen: str, known: list[str], split: WeightedSplit) -> list[str]:
+    """Other variants to try when `chosen` is down: weighted ones first, by weight, then the rest."""
+    others = [v for v in known if v != chosen]
+    return sorted(others, key=lambda v: (-split.fractions.get(v, 0.0), v))

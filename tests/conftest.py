@@ -1,0 +1,158 @@
+"""Shared fixtures. Tiers: pure unit tests (no Ray), one real Ray cluster per session for the app,
+and a few multi-node `ray.cluster_utils.Cluster` tests (marked `cluster`) that make their own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.models import ModelFiles, default_files
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def ensure_default_models(files: ModelFiles) -> ModelFiles:
+    """Build FP32 and INT8 once (idempotent); later sessions reuse them."""
+    from app.models.build import build_fp32
+    from app.models.quantize import QuantizeOptions, quantize
+    from app.models.samples import augmented_samples
+
+    build_fp32(files)
+    if not files.int8.is_file():
+        quantize(files.fp32, files.int8, augmented_samples(64, 0), QuantizeOptions())
+    return files
+
+
+@pytest.fixture(scope="session")
+def model_files() -> ModelFiles:
+    """The default FP32/INT8 models and labels, in the repository's models/ directory."""
+    return ensure_default_models(default_files(REPO / "models"))
+
+
+# --------------------------------------------------------------------------- one Ray cluster per session
+
+import copy  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from typing import Any  # noqa: E402
+
+import yaml  # noqa: E402
+
+SERVE_PORT = int(os.environ.get("TEST_SERVE_PORT", "18000"))
+APP_NAME = "classifier"
+
+
+def load_config(name: str) -> dict[str, Any]:
+    with open(REPO / "configs" / name) as f:
+        return yaml.safe_load(f)
+
+
+def local_config(model_files: ModelFiles, **router_overrides: Any) -> dict[str, Any]:
+    """configs/local.yaml with absolute model paths and the test port; deployment tweaks by the caller."""
+    cfg = copy.deepcopy(load_config("local.yaml"))
+    cfg["http_options"]["port"] = SERVE_PORT
+    app = cfg["applications"][0]
+    app["args"]["variants"]["int8"]["model_path"] = str(model_files.int8)
+    app["args"]["variants"]["fp32"]["model_path"] = str(model_files.fp32)
+    router = deployment(cfg, "Router")
+    router["user_config"].update(router_overrides)
+    return cfg
+
+
+def deployment(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(d for d in cfg["applications"][0]["deployments"] if d["name"] == name)
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float = 0.2, what: str = "") -> Any:
+    """Poll `predicate` until it returns something truthy; fail with `what` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+        except Exception as e:  # the thing polled may not exist yet
+            last = e
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}: last={last!r}")
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    import ray
+
+    # Logical CPUs above the 2 real cores: the configs use fractional shares that must all fit.
+    ray.init(num_cpus=6, include_dashboard=False, namespace="serve", log_to_driver=False)
+    yield
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+class ServeDeployer:
+    """Deploys Serve configs the way `serve run <config>` / `serve deploy` do (controller.apply_config)."""
+
+    def __init__(self) -> None:
+        from ray.serve._private import api as serve_api
+
+        self.client = serve_api.serve_start(
+            http_options={"host": "127.0.0.1", "port": SERVE_PORT}, proxy_location="HeadOnly"
+        )
+        self.url = f"http://127.0.0.1:{SERVE_PORT}"
+        self.current: dict[str, Any] | None = None
+
+    def deploy(self, cfg: dict[str, Any], timeout_s: float = 180) -> None:
+        from ray.serve.schema import ServeDeploySchema
+
+        schema = ServeDeploySchema.model_validate(
+            {k: v for k, v in cfg.items() if k not in ("http_options", "proxy_location")}
+        )
+        self.client.deploy_apps(schema)
+        self.current = copy.deepcopy(cfg)
+        self.wait_running(timeout_s)
+
+    def status(self) -> Any:
+        from ray import serve
+
+        return serve.status().applications.get(APP_NAME)
+
+    def wait_running(self, timeout_s: float = 180) -> None:
+        import httpx
+
+        def running() -> bool:
+            st = self.status()
+            if st is not None and st.status == "DEPLOY_FAILED":
+                raise AssertionError(f"deploy failed: {st.message}")
+            if st is None or st.status != "RUNNING":
+                return False
+            if any(d.status != "HEALTHY" for d in st.deployments.values()):
+                return False
+            return httpx.get(self.url + "/readyz", timeout=5).status_code == 200
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if running():
+                    return
+            except AssertionError:
+                raise
+            except Exception:
+                pass
+            time.sleep(0.25)
+        raise AssertionError(f"app not RUNNING and ready after {timeout_s}s: {self.status()}")
+
+
+@pytest.fixture(scope="session")
+def serve_deployer(ray_session: None) -> ServeDeployer:
+    return ServeDeployer()
+
+
+@pytest.fixture(scope="session")
+def local_app(serve_deployer: ServeDeployer, model_files: ModelFiles) -> ServeDeployer:
+    """configs/local.yaml deployed once; tests that change it must restore it (see `redeploy`)."""
+    serve_deployer.deploy(local_config(model_files))
+    return serve_deployer

@@ -1,0 +1,226 @@
+"""The serving application over real HTTP, on the session's Ray cluster, deployed from configs/local.yaml."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Any
+
+import cv2
+import httpx
+import numpy as np
+import pytest
+
+from app.models.samples import sample_bytes
+from tests.conftest import ServeDeployer, deployment, local_config, wait_until
+
+pytestmark = pytest.mark.slow
+
+EXPECTED = {"chelsea": 285, "coffee": 967, "grace_hopper": 652}
+
+
+def small_png(seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    ok, buf = cv2.imencode(".png", rng.integers(0, 255, (48, 64, 3), dtype=np.uint8))
+    assert ok
+    return buf.tobytes()
+
+
+def post_image(url: str, data: bytes, headers: dict[str, str] | None = None, **params: Any) -> httpx.Response:
+    return httpx.post(
+        url + "/v1/classify",
+        content=data,
+        headers={"Content-Type": "image/jpeg", **(headers or {})},
+        params=params,
+        timeout=30,
+    )
+
+
+async def post_many(url: str, bodies: list[tuple[bytes, dict[str, str]]], concurrency: int) -> list[httpx.Response]:
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+
+        async def one(data: bytes, headers: dict[str, str]) -> httpx.Response:
+            async with sem:
+                return await client.post(
+                    "/v1/classify", content=data, headers={"Content-Type": "image/png", **headers}
+                )
+
+        return await asyncio.gather(*(one(d, h) for d, h in bodies))
+
+
+@pytest.mark.parametrize("variant", ["fp32", "int8"])
+@pytest.mark.parametrize("photo", sorted(EXPECTED))
+def test_sample_photographs_classified_by_both_variants(local_app: ServeDeployer, variant: str, photo: str) -> None:
+    r = post_image(local_app.url, sample_bytes(photo), {"X-Model-Variant": variant})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["variant"] == variant == r.headers["x-model-variant"]
+    assert body["routing"] == "override"
+    assert body["predictions"][0]["class_id"] == EXPECTED[photo]
+    assert len(body["predictions"]) == 5
+    scores = [p["score"] for p in body["predictions"]]
+    assert scores == sorted(scores, reverse=True) and 0 < scores[0] <= 1
+
+
+def test_grace_hopper_is_military_uniform_via_multipart(local_app: ServeDeployer) -> None:
+    files = {"file": ("grace_hopper.jpg", sample_bytes("grace_hopper"), "image/jpeg")}
+    r = httpx.post(local_app.url + "/v1/classify", files=files, timeout=30)
+    assert r.status_code == 200, r.text
+    top = r.json()["predictions"][0]
+    assert (top["class_id"], top["label"]) == (652, "military uniform")
+    assert r.json()["variant"] in ("int8", "fp32")
+
+
+def test_raw_body_and_multipart_give_the_same_answer(local_app: ServeDeployer) -> None:
+    data = sample_bytes("chelsea")
+    raw = post_image(local_app.url, data, {"X-Model-Variant": "fp32"}, top_k=3)
+    multi = httpx.post(
+        local_app.url + "/v1/classify",
+        files={"file": ("c.png", data, "image/png")},
+        headers={"X-Model-Variant": "fp32"},
+        params={"top_k": 3},
+        timeout=30,
+    )
+    assert raw.status_code == multi.status_code == 200
+    assert raw.json()["predictions"] == multi.json()["predictions"]
+    assert len(raw.json()["predictions"]) == 3
+
+
+def test_response_contract(local_app: ServeDeployer) -> None:
+    r = post_image(local_app.url, sample_bytes("coffee"), top_k=1)
+    body = r.json()
+    assert set(body) >= {"request_id", "variant", "model", "predictions", "timings_ms"}
+    assert body["model"] == "efficientnet_lite0"
+    assert set(body["predictions"][0]) == {"class_id", "label", "score"}
+    assert body["predictions"][0]["label"] == "espresso"
+    t = body["timings_ms"]
+    assert set(t) >= {"receive", "preprocess", "queue", "inference", "total", "batch_size"}
+    assert t["total"] >= t["inference"] > 0 and t["batch_size"] >= 1
+    assert r.headers["x-request-id"] == body["request_id"]
+    # Server-Timing parses as name;dur=number entries
+    entries = dict(e.strip().split(";dur=") for e in r.headers["server-timing"].split(","))
+    assert float(entries["total"]) == pytest.approx(t["total"])
+
+
+def test_models_health_and_readiness(local_app: ServeDeployer) -> None:
+    assert httpx.get(local_app.url + "/healthz").json() == {"status": "ok"}
+    ready = httpx.get(local_app.url + "/readyz")
+    assert ready.status_code == 200 and ready.json()["variants"] == {"fp32": True, "int8": True}
+    models = httpx.get(local_app.url + "/v1/models").json()
+    assert set(models["variants"]) == {"int8", "fp32"}
+    for name, v in models["variants"].items():
+        assert v["deployment"] == f"Classifier_{name}"
+        assert v["execution_provider"] == "CPUExecutionProvider"
+        assert v["fell_back_to_cpu"] is False
+        assert v["model_file"].endswith(f"efficientnet_lite0-{name}.onnx")
+        assert v["batching"]["max_batch_size"] == 16
+        assert v["warmed_up_to"] == 16
+        assert v["intra_op_threads"] == 1  # num_cpus 0.5 -> one thread, never more than the share
+    assert models["routing"]["override_header"] == "X-Model-Variant"
+
+
+def test_errors_are_json_with_the_right_status(local_app: ServeDeployer) -> None:
+    url = local_app.url
+    cases = [
+        (post_image(url, b""), 400, "empty_body"),
+        (post_image(url, b"not an image at all"), 400, "undecodable_image"),
+        (post_image(url, sample_bytes("coffee"), top_k=0), 422, "invalid_parameter"),
+        (post_image(url, sample_bytes("coffee"), top_k="many"), 422, "invalid_parameter"),
+        (post_image(url, sample_bytes("coffee"), {"X-Model-Variant": "int4"}), 422, "unknown_variant"),
+        (httpx.post(url + "/v1/classify", content=b"x", headers={"Content-Type": "text/plain"}), 415,
+         "unsupported_media_type"),
+        (httpx.get(url + "/v1/nothing-here"), 404, "not_found"),
+        (httpx.get(url + "/v1/classify"), 405, "method_not_allowed"),
+    ]
+    for r, status, code in cases:
+        assert r.status_code == status, (code, r.text)
+        assert r.json()["error"]["code"] == code
+        assert r.json()["error"]["message"]
+
+
+def test_weighted_split_30_70_within_5_points(local_app: ServeDeployer, model_files: Any) -> None:
+    cfg = local_config(model_files, weights={"int8": 30, "fp32": 70})
+    local_app.deploy(cfg)
+    try:
+        bodies = [(small_png(i % 8), {}) for i in range(1000)]
+        responses = asyncio.run(post_many(local_app.url, bodies, concurrency=24))
+        assert all(r.status_code == 200 for r in responses), collections.Counter(r.status_code for r in responses)
+        split = collections.Counter(r.headers["x-model-variant"] for r in responses)
+        assert abs(split["int8"] / 1000 - 0.30) <= 0.05, split
+        assert all(r.json()["routing"] == "weighted" for r in responses[:10])
+    finally:
+        local_app.deploy(local_config(model_files))
+
+
+def test_a_user_id_always_maps_to_the_same_variant(local_app: ServeDeployer) -> None:
+    users = [f"user-{i}" for i in range(24)]
+    bodies = [(small_png(0), {"X-User-Id": u}) for u in users for _ in range(4)]
+    responses = asyncio.run(post_many(local_app.url, bodies, concurrency=16))
+    seen: dict[str, set[str]] = collections.defaultdict(set)
+    for (_, headers), r in zip(bodies, responses, strict=True):
+        assert r.status_code == 200
+        assert r.json()["routing"] == "sticky"
+        seen[headers["X-User-Id"]].add(r.headers["x-model-variant"])
+    assert all(len(v) == 1 for v in seen.values()), seen
+    assert {next(iter(v)) for v in seen.values()} == {"int8", "fp32"}  # 24 users at 50/50 see both
+
+
+def test_override_is_refused_when_disabled(local_app: ServeDeployer, model_files: Any) -> None:
+    local_app.deploy(local_config(model_files, allow_override=False))
+    try:
+        r = post_image(local_app.url, sample_bytes("coffee"), {"X-Model-Variant": "fp32"})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "override_forbidden"
+        assert post_image(local_app.url, sample_bytes("coffee")).status_code == 200
+    finally:
+        local_app.deploy(local_config(model_files))
+
+
+def replica_ids(url: str) -> dict[str, str]:
+    models = httpx.get(url + "/v1/models", timeout=10).json()
+    return {"Router": models["router_replica_id"], **{k: v["replica_id"] for k, v in models["variants"].items()}}
+
+
+def test_live_weight_and_batch_change_keeps_replicas(local_app: ServeDeployer, model_files: Any) -> None:
+    before = replica_ids(local_app.url)
+    cfg = local_config(model_files, weights={"int8": 0, "fp32": 1})
+    deployment(cfg, "Classifier_fp32")["user_config"]["max_batch_size"] = 8
+    local_app.deploy(cfg)
+    try:
+        wait_until(
+            lambda: httpx.get(local_app.url + "/v1/models").json()["variants"]["int8"]["traffic_fraction"] == 0.0,
+            30,
+            what="new weights live",
+        )
+        variants = {post_image(local_app.url, small_png(i)).headers["x-model-variant"] for i in range(20)}
+        assert variants == {"fp32"}
+        models = httpx.get(local_app.url + "/v1/models").json()
+        assert models["variants"]["fp32"]["batching"]["max_batch_size"] == 8
+        assert replica_ids(local_app.url) == before  # reconfigured in place, not restarted
+    finally:
+        local_app.deploy(local_config(model_files))
+
+
+def test_concurrent_requests_form_batches(local_app: ServeDeployer) -> None:
+    bodies = [(small_png(i), {"X-Model-Variant": "fp32"}) for i in range(64)]
+    responses = asyncio.run(post_many(local_app.url, bodies, concurrency=32))
+    assert all(r.status_code == 200 for r in responses)
+    sizes = [r.json()["timings_ms"]["batch_size"] for r in responses]
+    assert max(sizes) > 1, sizes
+    assert max(sizes) <= 16
+
+
+def test_batch_endpoint_keeps_order_and_isolates_bad_images(local_app: ServeDeployer) -> None:
+    files = [
+        ("file", ("a.png", sample_bytes("chelsea"), "image/png")),
+        ("file", ("b.txt", b"garbage", "image/png")),
+        ("file", ("c.jpg", sample_bytes("grace_hopper"), "image/jpeg")),
+        ("file", ("d.png", sample_bytes("coffee"), "image/png")),
+    ]
+    r = httpx.post(local_app.url + "/v1/classify/batch", files=files, headers={"X-Model-Variant": "fp32"}, timeout=30)
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [x.get("predictions", [{}])[0].get("class_id") for x in results] == [285, None, 652, 967]
+    assert results[1]["error"]["code"] == "undecodable_image" and results[1]["status"] == 400
+    assert r.json()["timings_ms"]["batch_size"] >= 3  # the three good images rode together
