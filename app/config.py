@@ -138,3 +138,61 @@ def router_deployment_name() -> str:
 
 def classifier_deployment_name(variant: str) -> str:
     return f"Classifier_{variant}"
+
+
+def validate_serve_config(cfg: dict, app_index: int = 0) -> AppArgs:
+    """Check a whole Serve config file the way a deploy would, plus what only the file can show.
+
+    Serve validates each user_config only when a replica runs `reconfigure`; this
+    finds the same mistakes (and batch sizes that cannot fill) before any deploy.
+    Errors name the field as `deployments[<name>].user_config.<field>`.
+    """
+    app_cfg = cfg["applications"][app_index]
+    args = AppArgs.model_validate(app_cfg.get("args") or {})
+    deployments = {d["name"]: d for d in app_cfg.get("deployments", [])}
+
+    def field(name: str, model: type[BaseModel]) -> BaseModel:
+        try:
+            return model.model_validate(deployments.get(name, {}).get("user_config") or {})
+        except ValueError as e:
+            raise ValueError(f"deployments[{name}].user_config: {e}") from e
+
+    router = field(router_deployment_name(), RouterConfig)
+    assert isinstance(router, RouterConfig)
+    unknown = sorted(set(router.weights) - set(args.variants))
+    if unknown:
+        raise ValueError(f"deployments[Router].user_config.weights: unknown variants {unknown}")
+    for variant in args.variants:
+        name = classifier_deployment_name(variant)
+        c = field(name, ClassifierConfig)
+        assert isinstance(c, ClassifierConfig)
+        max_ongoing = deployments.get(name, {}).get("max_ongoing_requests")
+        if max_ongoing is not None:
+            try:
+                c.check_against(int(max_ongoing))
+            except ValueError as e:
+                raise ValueError(f"deployments[{name}]: {e}") from e
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m app.config FILE...: validate Serve config files without deploying them."""
+    import sys
+
+    import yaml
+
+    status = 0
+    for path in argv if argv is not None else sys.argv[1:]:
+        with open(path) as f:
+            cfg = yaml.safe_load(f)
+        try:
+            validate_serve_config(cfg)
+            print(f"{path}: ok")
+        except ValueError as e:
+            print(f"{path}: {e}", file=sys.stderr)
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -58,8 +58,9 @@ def load_labels(args: AppArgs) -> list[str]:
         first = args.resolved_path(next(iter(args.variants.values())).model_path)
         path = ModelFiles(first.parent).labels
     if not path.is_file():
-        if args.check_model_files or args.labels_path:
+        if args.labels_path and args.check_model_files:
             raise ConfigError(f"labels_path: labels file not found: {path}")
+        logger.warning("no labels file at %s: predictions will carry class ids as labels", path)
         return []
     return path.read_text("utf-8").splitlines()
 

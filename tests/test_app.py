@@ -43,9 +43,7 @@ async def post_many(url: str, bodies: list[tuple[bytes, dict[str, str]]], concur
 
         async def one(data: bytes, headers: dict[str, str]) -> httpx.Response:
             async with sem:
-                return await client.post(
-                    "/v1/classify", content=data, headers={"Content-Type": "image/png", **headers}
-                )
+                return await client.post("/v1/classify", content=data, headers={"Content-Type": "image/png", **headers})
 
         return await asyncio.gather(*(one(d, h) for d, h in bodies))
 
@@ -129,8 +127,11 @@ def test_errors_are_json_with_the_right_status(local_app: ServeDeployer) -> None
         (post_image(url, sample_bytes("coffee"), top_k=0), 422, "invalid_parameter"),
         (post_image(url, sample_bytes("coffee"), top_k="many"), 422, "invalid_parameter"),
         (post_image(url, sample_bytes("coffee"), {"X-Model-Variant": "int4"}), 422, "unknown_variant"),
-        (httpx.post(url + "/v1/classify", content=b"x", headers={"Content-Type": "text/plain"}), 415,
-         "unsupported_media_type"),
+        (
+            httpx.post(url + "/v1/classify", content=b"x", headers={"Content-Type": "text/plain"}),
+            415,
+            "unsupported_media_type",
+        ),
         (httpx.get(url + "/v1/nothing-here"), 404, "not_found"),
         (httpx.get(url + "/v1/classify"), 405, "method_not_allowed"),
     ]

@@ -75,6 +75,26 @@ class _StateDictUnpickler(pickle.Unpickler):
         return pid
 
 
+class _PlainUnpickler(pickle.Unpickler):
+    """For the header pickles and the storage key list: plain values only, no globals at all."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise WeightsFormatError(f"refusing to load global {module}.{name} from a weights file")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise WeightsFormatError(f"unexpected persistent id {pid!r}")
+
+
+def _unpickle(f: BinaryIO, unpickler: type[pickle.Unpickler], path: str | Path, what: str) -> Any:
+    """One pickle from `f` through a restricted unpickler; any failure is a WeightsFormatError."""
+    try:
+        return unpickler(f).load()
+    except WeightsFormatError as e:
+        raise WeightsFormatError(f"{path}: {e}") from e
+    except Exception as e:  # any unpickling failure means "not this format"
+        raise WeightsFormatError(f"{path}: not a legacy PyTorch file ({what}: {e})") from e
+
+
 def _read_storage(f: BinaryIO, dtype: np.dtype) -> np.ndarray:
     header = f.read(8)
     if len(header) != 8:
@@ -86,9 +106,23 @@ def _read_storage(f: BinaryIO, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype)
 
 
+def _check_fits(ref: _TensorRef, size: int) -> None:
+    """A crafted or corrupt file must not make as_strided read outside the storage."""
+    ok = len(ref.stride) == len(ref.shape) and ref.offset >= 0 and all(s >= 0 for s in ref.stride)
+    if ok and all(ref.shape):
+        ok = ref.offset + sum((n - 1) * s for n, s in zip(ref.shape, ref.stride, strict=True)) < size
+    if not ok:
+        raise WeightsFormatError(
+            f"tensor of shape {ref.shape}, stride {ref.stride}, offset {ref.offset} does not fit its storage of {size}"
+        )
+
+
 def _materialise(ref: _TensorRef, storage: np.ndarray) -> np.ndarray:
     if not ref.shape:
-        return storage[ref.offset].copy()
+        if not 0 <= ref.offset < storage.size:
+            raise WeightsFormatError(f"scalar tensor at offset {ref.offset} is outside its storage of {storage.size}")
+        return np.array(storage[ref.offset])  # a 0-d array, like every other value: not a numpy scalar
+    _check_fits(ref, storage.size)
     item = storage.itemsize
     view = np.lib.stride_tricks.as_strided(
         storage[ref.offset :],
@@ -102,18 +136,20 @@ def _materialise(ref: _TensorRef, storage: np.ndarray) -> np.ndarray:
 def load_legacy_state_dict(path: str | Path) -> "collections.OrderedDict[str, np.ndarray]":
     """Return the state dict in `path` as name -> contiguous numpy array."""
     with open(path, "rb") as f:
-        try:
-            magic = pickle.load(f)
-            protocol = pickle.load(f)
-            pickle.load(f)  # sys info: endianness and C type sizes, not needed for storages
-        except Exception as e:  # noqa: BLE001 - any unpickling failure means "not this format"
-            raise WeightsFormatError(f"{path}: not a legacy PyTorch file ({e})") from e
+        # Every pickle goes through a restricted unpickler: plain pickle.load would run any global it names.
+        magic = _unpickle(f, _PlainUnpickler, path, "magic number")
         if magic != LEGACY_MAGIC:
             raise WeightsFormatError(f"{path}: bad magic number {magic!r}")
+        protocol = _unpickle(f, _PlainUnpickler, path, "protocol version")
         if protocol != LEGACY_PROTOCOL:
             raise WeightsFormatError(f"{path}: unsupported protocol version {protocol!r}")
-        state = _StateDictUnpickler(f).load()
-        keys = pickle.load(f)
+        _unpickle(f, _PlainUnpickler, path, "sys info")  # endianness and C type sizes, not needed for storages
+        state = _unpickle(f, _StateDictUnpickler, path, "state dict")
+        if not isinstance(state, dict):
+            raise WeightsFormatError(f"{path}: holds a {type(state).__name__}, not a state dict")
+        keys = _unpickle(f, _PlainUnpickler, path, "storage keys")
+        if not isinstance(keys, list):
+            raise WeightsFormatError(f"{path}: storage key list is a {type(keys).__name__}")
         refs = {k: v for k, v in state.items() if isinstance(v, _TensorRef)}
         dtype_of = {r.storage_key: r.dtype for r in refs.values()}
         storages = {key: _read_storage(f, dtype_of.get(key, np.dtype("u1"))) for key in keys}
