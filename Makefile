@@ -16,8 +16,9 @@ models:             ## build FP32 + INT8 and write the quality report
 serve: models       ## the app on this machine, CPU only
 	serve run configs/local.yaml
 
-test:               ## the whole test suite (slow tests included), as CI runs it
+test:               ## the whole test suite (slow and multi-node included), as CI runs it
 	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m cluster
 
 lint:
 	$(PY) -m ruff check app tests benchmarks
