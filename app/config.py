@@ -99,6 +99,10 @@ class RouterConfig(_Strict):
     failover: bool = Field(True, description="serve from another variant when the chosen one is down")
     inference_timeout_s: float = Field(10.0, gt=0, description="deadline per request, from arrival (503 beyond)")
     shadow_fraction: float = Field(0.0, ge=0, le=1, description="share of requests also run on the other variant")
+    max_shadow_in_flight: int = Field(8, ge=0, description="shadow runs in flight per Router; beyond, dropped")
+    max_in_flight: int = Field(
+        192, gt=0, description="requests in flight per Router replica; beyond, an immediate JSON 503 (load shedding)"
+    )
 
     @field_validator("weights")
     @classmethod

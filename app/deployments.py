@@ -9,14 +9,17 @@ back through the Router. Only the top-k scores come back.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import random
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,12 +31,14 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from app.abstats import ABStats, compare_top
 from app.config import AppArgs, ClassifierConfig, RouterConfig
 from app.errors import ServiceError, find_service_error
+from app.metrics import STAGES, ClassifierMetrics, RouterMetrics
 from app.multipart import parse_multipart
 from app.preprocess import preprocess, probe_dimensions
 from app.routing import WeightedSplit, choose_variant, failover_order
-from app.runtime import CPU, CUDA, ModelLoadError, ModelRunner, RuntimeOptions, threads_for
+from app.runtime import CPU, CUDA, ModelLoadError, ModelRunner, RuntimeOptions, summarize_profile, threads_for
 
 logger = logging.getLogger("ray.serve")
 
@@ -121,6 +126,7 @@ class Scores:
     provider: str
     errors: dict[int, ServiceError]
     positions: list[int]
+    logits: np.ndarray | None = None  # [N, classes] when the caller asked for full outputs (V2 protocol)
 
 
 @dataclass
@@ -131,7 +137,7 @@ class _Item:
 
 @dataclass
 class _Done:
-    probs: np.ndarray
+    logits: np.ndarray
     queue_ms: float
     inference_ms: float
     batch_size: int
@@ -149,6 +155,63 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     np.exp(z, out=z)
     z /= z.sum(axis=1, keepdims=True)
     return z
+
+
+class _Profiling:
+    """ONNX Runtime profiling for the next N batches only, on a second session, then off by itself.
+
+    ORT can only profile a session created with profiling on, so a profiling twin of the
+    serving session takes the next N batches; at the end its trace is written, summarised
+    into the log and kept (at most MAX_TRACES per directory), and the twin is dropped.
+    """
+
+    MAX_TRACES = 10
+
+    def __init__(self, variant: str, model_path: str, opts: RuntimeOptions) -> None:
+        self.variant, self.model_path, self.opts = variant, model_path, opts
+        self.lock = threading.Lock()
+        self.runner: ModelRunner | None = None
+        self.left = 0
+        self.last: dict[str, Any] | None = None
+
+    def start(self, batches: int, directory: str, replica_id: str) -> None:
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        prefix = str(out / f"{self.variant}-{replica_id}-{int(time.time())}")
+        runner = ModelRunner(self.model_path, dataclasses.replace(self.opts, profile_prefix=prefix))
+        with self.lock:
+            self.runner, self.left = runner, batches
+        logger.info("Classifier_%s profiling the next %d batches into %s", self.variant, batches, out)
+
+    def take(self) -> ModelRunner | None:
+        with self.lock:
+            return self.runner if self.left > 0 else None
+
+    def done_one(self) -> None:
+        with self.lock:
+            self.left -= 1
+            if self.left > 0 or self.runner is None:
+                return
+            runner, self.runner = self.runner, None
+        trace = runner.end_profiling()
+        runner.close()
+        if trace:
+            summary = summarize_profile(trace)
+            self.last = {"trace": trace, **summary}
+            logger.info(
+                "Classifier_%s profile %s: most expensive %s; most frequent %s",
+                self.variant,
+                trace,
+                summary["most_expensive"],
+                summary["most_frequent"],
+            )
+            traces = sorted(Path(trace).parent.glob(f"{self.variant}-*.json"), key=lambda p: p.stat().st_mtime)
+            for old in traces[: -self.MAX_TRACES]:
+                old.unlink(missing_ok=True)
+
+    def state(self) -> dict[str, Any]:
+        with self.lock:
+            return {"active": self.runner is not None, "batches_left": self.left, "last": self.last}
 
 
 @serve.deployment(name="Classifier", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=32)
@@ -184,6 +247,16 @@ class Classifier:
         self._batch: Callable[[_Item], Awaitable[_Done]] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._warmed_to = 0
+        self._profile = _Profiling(variant, model_path, opts)
+        self.metrics = ClassifierMetrics()
+        self.metrics.provider.set(
+            1,
+            tags={
+                "variant": variant,
+                "provider": self.runner.active_provider,
+                "requested": ",".join(self.runner.requested_providers),
+            },
+        )
         logger.info(
             "Classifier_%s loaded %s on %s (requested %s), %d intra-op threads",
             variant,
@@ -217,6 +290,8 @@ class Classifier:
             self._batch.set_batch_wait_timeout_s(cfg.batch_wait_timeout_s)  # type: ignore[attr-defined]
         if cfg.warmup and self._warmed_to < cfg.max_batch_size:
             self._warm_up(cfg.max_batch_size)
+        if cfg.profile_batches != (self.cfg.profile_batches if self.cfg else 0) and cfg.profile_batches > 0:
+            self._profile.start(cfg.profile_batches, cfg.profile_dir, self.replica_id)
         self.cfg = cfg
         logger.info(
             "Classifier_%s batching: max_batch_size=%d batch_wait_timeout_s=%s max_concurrent_batches=%d",
@@ -238,17 +313,19 @@ class Classifier:
 
     # -- requests ---------------------------------------------------------------------
 
-    async def __call__(self, pixels: Pixels, top_k: int) -> Scores:
-        return await self._classify(pixels, top_k)
+    async def __call__(self, pixels: Pixels, top_k: int, full: bool = False) -> Scores:
+        """Top-k per image; with `full`, the whole logits rows too (for the V2 protocol's outputs)."""
+        return await self._classify(pixels, top_k, full)
 
-    async def _classify(self, pixels: Pixels, top_k: int) -> Scores:
+    async def _classify(self, pixels: Pixels, top_k: int, full: bool = False) -> Scores:
         assert self._batch is not None and self.cfg is not None, "reconfigure runs before any request"
         arrived = time.perf_counter()
         array = self._check_pixels(pixels.array)
         step = self.cfg.max_batch_size
         chunks = [array[i : i + step] for i in range(0, len(array), step)] if len(array) else []
         done = await asyncio.gather(*(self._batch(_Item(c, arrived)) for c in chunks))
-        top = [_top_k(row, top_k) for d in done for row in d.probs]
+        logits = done[0].logits if len(done) == 1 else np.concatenate([d.logits for d in done]) if done else None
+        top = [_top_k(row, top_k) for row in _softmax(logits.copy())] if logits is not None else []
         return Scores(
             top=top,
             preprocess_ms=pixels.preprocess_ms,
@@ -259,6 +336,7 @@ class Classifier:
             provider=self.runner.active_provider,
             errors=pixels.errors,
             positions=pixels.positions,
+            logits=logits if full else None,
         )
 
     def _check_pixels(self, array: np.ndarray) -> np.ndarray:
@@ -276,17 +354,25 @@ class Classifier:
         x = items[0].pixels if len(items) == 1 else np.concatenate([it.pixels for it in items])
         loop = asyncio.get_running_loop()
         # ONNX Runtime releases the GIL; running it off the event loop keeps requests flowing into the queue.
-        probs = await loop.run_in_executor(self._executor, self._infer, x)
+        logits = await loop.run_in_executor(self._executor, self._infer, x)
         inference_ms = _ms(time.perf_counter() - started)
+        self.metrics.batch_size.observe(len(x), tags={"variant": self.variant})
+        self.metrics.batch_ms.observe(inference_ms, tags={"variant": self.variant})
         out, row = [], 0
         for it in items:
             n = len(it.pixels)
-            out.append(_Done(probs[row : row + n], _ms(started - it.arrived), inference_ms, len(x)))
+            out.append(_Done(logits[row : row + n], _ms(started - it.arrived), inference_ms, len(x)))
             row += n
         return out
 
     def _infer(self, x: np.ndarray) -> np.ndarray:
-        return _softmax(self.runner.logits(x))
+        profiler = self._profile.take()
+        if profiler is not None:
+            try:
+                return profiler.logits(x)
+            finally:
+                self._profile.done_one()
+        return self.runner.logits(x)
 
     # -- introspection -------------------------------------------------------------------
 
@@ -307,6 +393,7 @@ class Classifier:
                 "max_concurrent_batches": cfg.max_concurrent_batches,
             },
             "warmed_up_to": self._warmed_to,
+            "profiling": self._profile.state(),
             "input": self.runner.spec.describe(),
             "replica_id": self.replica_id,
             "node_id": ray.get_runtime_context().get_node_id(),
@@ -318,6 +405,29 @@ class Classifier:
     def check_health(self) -> None:
         if not self.runner.alive:
             raise RuntimeError(f"Classifier_{self.variant}: the ONNX Runtime session is gone")
+
+
+# --------------------------------------------------------------------------- A/B ledger
+
+
+@serve.deployment(name="ABLedger", num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=64)
+class ABLedger:
+    """The one place A/B counts add up: every Router ships its deltas here about once a second."""
+
+    def __init__(self) -> None:
+        self.stats = ABStats()
+        self.since = time.time()
+
+    def add(self, delta: ABStats) -> None:
+        self.stats.merge(delta)
+
+    def summary(self) -> dict[str, Any]:
+        return {"since": self.since, **self.stats.summary()}
+
+    def reset(self) -> dict[str, Any]:
+        before = self.summary()
+        self.stats, self.since = ABStats(), time.time()
+        return before
 
 
 # --------------------------------------------------------------------------- Router
@@ -351,6 +461,9 @@ def _is_image_type(media_type: str) -> bool:
     return media_type.startswith("image/") or media_type in IMAGE_TYPES_EXTRA
 
 
+SHADOW_TOP_K = 5  # the classifier always returns at least this many, so a shadow pair can compare top-5
+
+
 @serve.deployment(name="Router", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=256)
 class Router:
     """HTTP ingress: validation, the A/B choice, the Preprocessor -> Classifier chain, the reply."""
@@ -359,6 +472,7 @@ class Router:
         self,
         preprocessor: DeploymentHandle,
         classifiers: dict[str, DeploymentHandle],
+        ledger: DeploymentHandle,
         args: dict[str, Any],
         labels: list[str],
     ) -> None:
@@ -366,6 +480,7 @@ class Router:
         self.limits = self.args.limits
         self.preprocessor = preprocessor
         self.classifiers = classifiers
+        self.ledger = ledger
         self.variants = sorted(classifiers)
         self.labels = labels
         self.cfg: RouterConfig | None = None
@@ -373,10 +488,17 @@ class Router:
         self._sizes: dict[str, int] = {}
         self.replica_id = _replica_id()
         self.rng = random.Random()
+        self.metrics = RouterMetrics()
+        self.stats = ABStats()
+        self._flusher: asyncio.Task[None] | None = None
+        self._in_flight = 0
+        self._shadows: set[asyncio.Task[None]] = set()
         self.routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
             ("POST", "/v1/classify"): self.classify,
             ("POST", "/v1/classify/batch"): self.classify_batch,
             ("GET", "/v1/models"): self.models,
+            ("GET", "/v1/ab/summary"): self.ab_summary,
+            ("POST", "/v1/ab/reset"): self.ab_reset,
             ("GET", "/healthz"): self.healthz,
             ("GET", "/readyz"): self.readyz,
         }
@@ -389,27 +511,34 @@ class Router:
         self.split = WeightedSplit(cfg.weights)
         self.cfg = cfg
         logger.info(
-            "Router A/B weights %s (sticky %s, override %s)",
+            "Router A/B weights %s (sticky %s, override %s, shadow %.2f)",
             self.split.fractions,
             cfg.sticky_header,
             "allowed" if cfg.allow_override else "refused",
+            cfg.shadow_fraction,
         )
 
     # -- HTTP dispatch ---------------------------------------------------------------
 
     async def __call__(self, request: Request) -> Response:
-        handler = self.routes.get((request.method, request.url.path.rstrip("/") or "/"))
+        path = request.url.path.rstrip("/") or "/"
+        handler = self.routes.get((request.method, path))
         if handler is None:
-            if any(path == request.url.path for _, path in self.routes):
-                return error_response(ServiceError("method_not_allowed", f"{request.method} not allowed here"))
-            return error_response(ServiceError("not_found", f"no route {request.url.path}"))
+            if any(p == path for _, p in self.routes):
+                return self._error("other", ServiceError("method_not_allowed", f"{request.method} not allowed here"))
+            return self._error("other", ServiceError("not_found", f"no route {request.url.path}"))
         try:
             return await handler(request)
         except ServiceError as e:
-            return error_response(e)
+            return self._error(path, e)
         except Exception as e:  # a bug, not an input's fault: keep the replica serving
             logger.exception("unhandled error on %s %s", request.method, request.url.path)
-            return error_response(ServiceError("internal_error", f"internal error ({type(e).__name__})"))
+            return self._error(path, ServiceError("internal_error", f"internal error ({type(e).__name__})"))
+
+    def _error(self, endpoint: str, err: ServiceError, variant: str = "none") -> Response:
+        self.metrics.requests.inc(tags={"endpoint": endpoint, "variant": variant, "status": str(err.status)})
+        self.metrics.errors.inc(tags={"endpoint": endpoint, "code": err.code})
+        return error_response(err)
 
     async def healthz(self, request: Request) -> Response:
         return _json({"status": "ok"})
@@ -449,64 +578,167 @@ class Router:
                     "allow_override": self.cfg.allow_override,
                     "failover": self.cfg.failover,
                     "inference_timeout_s": self.cfg.inference_timeout_s,
+                    "shadow_fraction": self.cfg.shadow_fraction,
                 },
                 "limits": self.limits.model_dump(),
                 "router_replica_id": self.replica_id,
             }
         )
 
+    # -- A/B evidence -------------------------------------------------------------------
+
+    async def ab_summary(self, request: Request) -> Response:
+        await self._flush()
+        return _json(await self._call(self.ledger.summary.remote(), 10.0))
+
+    async def ab_reset(self, request: Request) -> Response:
+        """Zero the A/B counters (POST /v1/ab/reset); returns the summary as it was."""
+        self.stats = ABStats()  # this replica's unflushed counts go too
+        return _json({"reset": True, "before": await self._call(self.ledger.reset.remote(), 10.0)})
+
+    async def _flush(self) -> None:
+        if self.stats.empty():
+            return
+        delta, self.stats = self.stats, ABStats()
+        try:
+            await self._call(self.ledger.add.remote(delta), 5.0)
+        except Exception as e:  # the evidence is best-effort; serving is not
+            logger.warning(
+                "A/B ledger unreachable (%s); dropping %d variants' deltas", type(e).__name__, len(delta.variants)
+            )
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            await self._flush()
+
+    def _ensure_flusher(self) -> None:
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_forever())
+
+    def _maybe_shadow(self, primary: Scores, pixels: DeploymentResponse) -> None:
+        """Run the same pixels on the other variant, off the response path, and record agreement."""
+        assert self.cfg is not None
+        if self.cfg.shadow_fraction <= 0 or len(self.variants) < 2 or self.rng.random() >= self.cfg.shadow_fraction:
+            return
+        other = next(v for v in self.variants if v != primary.variant)
+        pair = "|".join(sorted((primary.variant, other)))
+        if len(self._shadows) >= self.cfg.max_shadow_in_flight:  # shed shadows first under load
+            self.stats.record_dropped_shadow(primary.variant, other)
+            self.metrics.shadow.inc(tags={"pair": pair, "outcome": "dropped"})
+            return
+
+        async def run() -> None:
+            try:
+                shadow = await self._call(self.classifiers[other].remote(pixels, SHADOW_TOP_K), 30.0)
+            except Exception:
+                self.stats.record_dropped_shadow(primary.variant, other)
+                self.metrics.shadow.inc(tags={"pair": pair, "outcome": "failed"})
+                return
+            agree, overlap, dp = compare_top(primary.top[0], shadow.top[0])
+            self.stats.record_shadow(primary.variant, other, agree, overlap, dp)
+            self.metrics.shadow.inc(tags={"pair": pair, "outcome": "agree" if agree else "disagree"})
+            self.metrics.shadow_abs_dp.observe(dp, tags={"pair": pair})
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._shadows.add(task)
+        task.add_done_callback(self._shadows.discard)
+
     # -- classification ----------------------------------------------------------------
+
+    def _admit(self) -> None:
+        assert self.cfg is not None
+        if self._in_flight >= self.cfg.max_in_flight:
+            raise ServiceError("overloaded", f"{self._in_flight} requests in flight on this Router; retry shortly")
 
     async def classify(self, request: Request) -> Response:
         t0 = time.perf_counter()
-        request_id = _request_id(request)
+        self._ensure_flusher()
+        self._admit()
+        self._in_flight += 1
         try:
-            top_k = parse_top_k(request.query_params.get("top_k"), self.limits.default_top_k, self.limits.max_top_k)
-            data = await self._read_single_image(request)
-            receive_ms = _ms(time.perf_counter() - t0)
-            scores, choice_reason, failed_over = await self._infer(request, "__call__", data, top_k, t0)
+            return await self._classify(request, t0)
+        finally:
+            self._in_flight -= 1
+
+    async def _classify(self, request: Request, t0: float) -> Response:
+        endpoint = "/v1/classify"
+        request_id = _request_id(request)
+        top_k = parse_top_k(request.query_params.get("top_k"), self.limits.default_top_k, self.limits.max_top_k)
+        data = await self._read_single_image(request)
+        receive_ms = _ms(time.perf_counter() - t0)
+        try:
+            scores, reason, failed_over, pixels = await self._infer(request, "__call__", data, top_k, t0)
         except ServiceError as e:
+            variant = getattr(e, "variant", "none")
+            if e.status >= 500 and variant != "none":
+                self.stats.record_request(variant, 0.0, ok=False)
             logger.info("classify request_id=%s status=%d code=%s", request_id, e.status, e.code)
-            return error_response(e)
-        body = self._result_body(scores, 0, request_id, choice_reason, failed_over)
+            return self._error(endpoint, e, variant)
+        body = self._result_body(scores, 0, request_id, reason, failed_over, top_k)
         total_ms = _ms(time.perf_counter() - t0)
         body["timings_ms"] = {"receive": receive_ms, **body["timings_ms"], "total": total_ms}
+        self._observe(endpoint, scores.variant, body["timings_ms"])
+        self.stats.record_request(scores.variant, total_ms, ok=True)
+        self._maybe_shadow(scores, pixels)
         logger.info("classify request_id=%s variant=%s status=200 total_ms=%.1f", request_id, scores.variant, total_ms)
         return _json(body, headers=self._headers(scores.variant, body["timings_ms"]))
 
     async def classify_batch(self, request: Request) -> Response:
         t0 = time.perf_counter()
-        request_id = _request_id(request)
+        self._ensure_flusher()
+        self._admit()
+        self._in_flight += 1
         try:
-            top_k = parse_top_k(request.query_params.get("top_k"), self.limits.default_top_k, self.limits.max_top_k)
-            images = await self._read_multipart_images(request, self.limits.max_batch_files)
-            scores, reason, failed_over = await self._infer(request, "many", images, top_k, t0)
+            return await self._classify_batch(request, t0)
+        finally:
+            self._in_flight -= 1
+
+    async def _classify_batch(self, request: Request, t0: float) -> Response:
+        endpoint = "/v1/classify/batch"
+        request_id = _request_id(request)
+        top_k = parse_top_k(request.query_params.get("top_k"), self.limits.default_top_k, self.limits.max_top_k)
+        images = await self._read_multipart_images(request, self.limits.max_batch_files)
+        receive_ms = _ms(time.perf_counter() - t0)
+        try:
+            scores, reason, failed_over, _ = await self._infer(request, "many", images, top_k, t0)
         except ServiceError as e:
-            return error_response(e)
+            return self._error(endpoint, e, getattr(e, "variant", "none"))
         results: list[dict[str, Any]] = [{} for _ in images]
         for i, err in scores.errors.items():
             results[i] = {**err.body(), "status": err.status}
+            self.metrics.errors.inc(tags={"endpoint": endpoint, "code": err.code})
         for row, pos in enumerate(scores.positions):
-            results[pos] = self._result_body(scores, row, f"{request_id}-{pos}", reason, failed_over)
-        total_ms = _ms(time.perf_counter() - t0)
+            results[pos] = self._result_body(scores, row, f"{request_id}-{pos}", reason, failed_over, top_k)
         timings = {
+            "receive": receive_ms,
             "preprocess": scores.preprocess_ms,
             "queue": scores.queue_ms,
             "inference": scores.inference_ms,
-            "total": total_ms,
+            "total": _ms(time.perf_counter() - t0),
             "batch_size": scores.batch_size,
         }
+        self._observe(endpoint, scores.variant, timings)
+        self.stats.record_request(scores.variant, timings["total"], ok=True)
         body = {"request_id": request_id, "variant": scores.variant, "results": results, "timings_ms": timings}
         return _json(body, headers=self._headers(scores.variant, timings))
 
-    def _result_body(self, s: Scores, row: int, request_id: str, reason: str, failed_over: bool) -> dict[str, Any]:
+    def _observe(self, endpoint: str, variant: str, timings: dict[str, float]) -> None:
+        self.metrics.requests.inc(tags={"endpoint": endpoint, "variant": variant, "status": "200"})
+        for stage in STAGES:
+            if stage in timings:
+                self.metrics.stage_ms.observe(timings[stage], tags={"stage": stage, "variant": variant})
+
+    def _result_body(
+        self, s: Scores, row: int, request_id: str, reason: str, failed_over: bool, top_k: int
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "request_id": request_id,
             "variant": s.variant,
             "model": self.args.model_name,
             "predictions": [
                 {"class_id": c, "label": self.labels[c] if c < len(self.labels) else str(c), "score": round(p, 6)}
-                for c, p in s.top[row]
+                for c, p in s.top[row][:top_k]
             ],
             "routing": reason,
             "timings_ms": {
@@ -537,7 +769,9 @@ class Router:
             if size > limit:
                 raise ServiceError("payload_too_large", f"body exceeds the {limit}-byte limit")
             chunks.append(chunk)
-        return b"".join(chunks)
+        body = b"".join(chunks)
+        self.metrics.input_bytes.observe(len(body))
+        return body
 
     async def _read_single_image(self, request: Request) -> bytes:
         media = _media_type(request.headers.get("content-type"))
@@ -574,7 +808,12 @@ class Router:
         if not data:
             raise ServiceError("empty_body", "the request carried no image bytes")
         info = probe_dimensions(data)
-        if info is not None and info.width * info.height > self.limits.max_pixels:
+        if info is None:
+            return  # the Preprocessor gives the precise "undecodable" error
+        pixels = info.width * info.height
+        if pixels:
+            self.metrics.input_pixels.observe(pixels)
+        if pixels > self.limits.max_pixels:
             raise ServiceError(
                 "too_many_pixels",
                 f"image is {info.width}x{info.height}; the limit is {self.limits.max_pixels} pixels",
@@ -591,7 +830,7 @@ class Router:
 
     async def _infer(
         self, request: Request, method: str, payload: Any, top_k: int, t0: float
-    ) -> tuple[Scores, str, bool]:
+    ) -> tuple[Scores, str, bool, DeploymentResponse]:
         assert self.cfg is not None and self.split is not None
         cfg = self.cfg
         choice = choose_variant(
@@ -609,10 +848,11 @@ class Router:
         last: ServiceError | None = None
         for n, variant in enumerate(candidates):
             try:
-                scores = await self._chain_with_retry(variant, method, payload, top_k, deadline)
-                return scores, choice.reason, n > 0
+                scores, pixels = await self._chain_with_retry(variant, method, payload, top_k, deadline)
+                return scores, choice.reason, n > 0, pixels
             except ServiceError as e:
-                if e.code not in ("variant_unavailable", "replica_failed"):
+                e.variant = variant  # type: ignore[attr-defined]
+                if e.code not in ("variant_unavailable", "replica_failed") or time.perf_counter() >= deadline:
                     raise
                 logger.warning(
                     "variant %s unavailable (%s); %s",
@@ -624,7 +864,9 @@ class Router:
         assert last is not None
         raise last
 
-    async def _chain_with_retry(self, variant: str, method: str, payload: Any, top_k: int, deadline: float) -> Scores:
+    async def _chain_with_retry(
+        self, variant: str, method: str, payload: Any, top_k: int, deadline: float
+    ) -> tuple[Scores, DeploymentResponse]:
         for attempt in (1, 2):
             try:
                 return await self._chain(variant, method, payload, top_k, deadline)
@@ -632,18 +874,19 @@ class Router:
                 unavailable = isinstance(e, DeploymentUnavailableError)
                 if attempt == 2 or unavailable or time.perf_counter() >= deadline:
                     code = "variant_unavailable" if unavailable else "replica_failed"
-                    raise ServiceError(
-                        code, f"Classifier_{variant} or the Preprocessor failed: {type(e).__name__}"
-                    ) from e
+                    failed = f"Classifier_{variant} or the Preprocessor failed: {type(e).__name__}"
+                    raise ServiceError(code, failed) from e
                 logger.warning("replica failed mid-request (%s); retrying once", type(e).__name__)
         raise AssertionError("unreachable")
 
-    async def _chain(self, variant: str, method: str, payload: Any, top_k: int, deadline: float) -> Scores:
+    async def _chain(
+        self, variant: str, method: str, payload: Any, top_k: int, deadline: float
+    ) -> tuple[Scores, DeploymentResponse]:
         size = await self._input_size(variant)
         pixels: DeploymentResponse = getattr(self.preprocessor, method).remote(payload, size)
         # The DeploymentResponse goes straight into the Classifier call: Serve resolves it there.
-        scores = self.classifiers[variant].remote(pixels, top_k)
-        return await self._call(scores, deadline - time.perf_counter(), pixels)
+        scores = self.classifiers[variant].remote(pixels, max(top_k, SHADOW_TOP_K))
+        return await self._call(scores, deadline - time.perf_counter(), pixels), pixels
 
     async def _call(self, response: Any, timeout_s: float, *upstream: Any) -> Any:
         """Await a downstream call with a deadline, turning Ray's failures into ServiceErrors."""

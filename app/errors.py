@@ -14,6 +14,8 @@ STATUS: dict[str, int] = {
     "bad_multipart": 400,
     "missing_file": 400,
     "bad_request": 400,
+    # 400: an Open Inference Protocol (/v2) tensor with the wrong name, datatype, shape or data length
+    "invalid_tensor": 400,
     # 403: a request asked for something the config forbids
     "override_forbidden": 403,
     # 404 / 405: no such route or model

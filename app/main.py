@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from ray.serve import Application
 
 from app.config import AppArgs, classifier_deployment_name
-from app.deployments import Classifier, Preprocessor, Router
+from app.deployments import ABLedger, Classifier, Preprocessor, Router
 from app.models import ModelFiles
 
 logger = logging.getLogger("ray.serve")
@@ -80,7 +80,11 @@ def build_app(args: AppArgs) -> Application:
     }
     preprocessor = Preprocessor.bind(args.limits.max_pixels)  # type: ignore[attr-defined]
     return Router.bind(  # type: ignore[attr-defined]
-        preprocessor, classifiers, args.model_dump(), load_labels(args)
+        preprocessor,
+        classifiers,
+        ABLedger.bind(),  # type: ignore[attr-defined]
+        args.model_dump(),
+        load_labels(args),
     )
 
 

@@ -41,6 +41,7 @@ from typing import Any  # noqa: E402
 import yaml  # noqa: E402
 
 SERVE_PORT = int(os.environ.get("TEST_SERVE_PORT", "18000"))
+METRICS_PORT = int(os.environ.get("TEST_METRICS_PORT", "18080"))
 APP_NAME = "classifier"
 
 
@@ -85,7 +86,13 @@ def ray_session() -> Iterator[None]:
     import ray
 
     # Logical CPUs above the 2 real cores: the configs use fractional shares that must all fit.
-    ray.init(num_cpus=6, include_dashboard=False, namespace="serve", log_to_driver=False)
+    ray.init(
+        num_cpus=6,
+        include_dashboard=False,
+        namespace="serve",
+        log_to_driver=False,
+        _metrics_export_port=METRICS_PORT,
+    )
     yield
     from ray import serve
 

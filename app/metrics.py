@@ -1,0 +1,72 @@
+# Ray annotates tag_keys as Tuple[str] (exactly one element); any length works at run time.
+# mypy: disable-error-code="arg-type"
+"""The service's Prometheus metrics, through ray.serve.metrics (exported on Ray's metrics port).
+
+Serve adds `deployment`, `replica` and `application` tags to each. Bucket
+boundaries are chosen for this workload and written down here:
+
+- latency (ms): 1 .. 10,000 in roughly 2x steps, denser between 5 and 200 ms where a
+  CPU request (5-60 ms) and a GPU batch (2-30 ms) live; 10 s is the default deadline.
+- batch size: powers of two up to 256, the largest max_batch_size the config allows.
+- input bytes: 1 kB .. 10 MiB (the default body limit); a phone JPEG is 1-5 MB.
+- input pixels: 10 k .. 40 M (the default pixel limit); 224x224 = 50 k, 1080p = 2 M, 12 MP photos.
+- |delta p| of the top-1 probability between variants: 0.001 .. 0.5; INT8 usually stays under 0.05.
+"""
+
+from __future__ import annotations
+
+from ray.serve.metrics import Counter, Gauge, Histogram
+
+LATENCY_MS = [1.0, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000, 10000]
+BATCH_SIZES = [1.0, 2, 4, 8, 16, 32, 64, 128, 256]
+INPUT_BYTES = [1e3, 1e4, 3e4, 1e5, 3e5, 1e6, 3e6, 1e7]
+INPUT_PIXELS = [1e4, 5e4, 1e5, 3e5, 1e6, 2e6, 5e6, 1.2e7, 4e7]
+ABS_DP = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5]
+
+STAGES = ("receive", "preprocess", "queue", "inference", "total")
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.requests = Counter(
+            "app_requests_total",
+            "HTTP requests by endpoint, variant and status code",
+            tag_keys=("endpoint", "variant", "status"),
+        )
+        self.errors = Counter("app_errors_total", "Error responses by error code", tag_keys=("endpoint", "code"))
+        self.stage_ms = Histogram(
+            "app_stage_latency_ms",
+            "Per-stage latency of successful requests (ms)",
+            boundaries=LATENCY_MS,
+            tag_keys=("stage", "variant"),
+        )
+        self.input_bytes = Histogram("app_input_bytes", "Size of each image received", boundaries=INPUT_BYTES)
+        self.input_pixels = Histogram(
+            "app_input_pixels", "Width x height of each image (from its header)", boundaries=INPUT_PIXELS
+        )
+        self.shadow = Counter(
+            "app_shadow_total",
+            "Shadow comparisons by outcome (agree, disagree, dropped, failed)",
+            tag_keys=("pair", "outcome"),
+        )
+        self.shadow_abs_dp = Histogram(
+            "app_shadow_abs_top1_prob_delta",
+            "|delta top-1 probability| between the two variants",
+            boundaries=ABS_DP,
+            tag_keys=("pair",),
+        )
+
+
+class ClassifierMetrics:
+    def __init__(self) -> None:
+        self.batch_size = Histogram(
+            "app_batch_size", "Images per ONNX Runtime call", boundaries=BATCH_SIZES, tag_keys=("variant",)
+        )
+        self.batch_ms = Histogram(
+            "app_batch_inference_ms", "ONNX Runtime time per batch (ms)", boundaries=LATENCY_MS, tag_keys=("variant",)
+        )
+        self.provider = Gauge(
+            "app_execution_provider",
+            "1 for the execution provider really active in this replica",
+            tag_keys=("variant", "provider", "requested"),
+        )
