@@ -31,13 +31,14 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from app import v2
 from app.abstats import ABStats, compare_top
 from app.config import AppArgs, ClassifierConfig, RouterConfig
 from app.errors import ServiceError, find_service_error
 from app.metrics import STAGES, ClassifierMetrics, RouterMetrics
 from app.multipart import parse_multipart
 from app.preprocess import preprocess, probe_dimensions
-from app.routing import WeightedSplit, choose_variant, failover_order
+from app.routing import Choice, WeightedSplit, choose_variant, failover_order
 from app.runtime import CPU, CUDA, ModelLoadError, ModelRunner, RuntimeOptions, summarize_profile, threads_for
 
 logger = logging.getLogger("ray.serve")
@@ -485,7 +486,7 @@ class Router:
         self.labels = labels
         self.cfg: RouterConfig | None = None
         self.split: WeightedSplit | None = None
-        self._sizes: dict[str, int] = {}
+        self._specs: dict[str, dict[str, Any]] = {}
         self.replica_id = _replica_id()
         self.rng = random.Random()
         self.metrics = RouterMetrics()
@@ -522,6 +523,8 @@ class Router:
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path.rstrip("/") or "/"
+        if path.startswith("/v2"):
+            return await self._v2(request, path)
         handler = self.routes.get((request.method, path))
         if handler is None:
             if any(p == path for _, p in self.routes):
@@ -680,7 +683,8 @@ class Router:
         body["timings_ms"] = {"receive": receive_ms, **body["timings_ms"], "total": total_ms}
         self._observe(endpoint, scores.variant, body["timings_ms"])
         self.stats.record_request(scores.variant, total_ms, ok=True)
-        self._maybe_shadow(scores, pixels)
+        if pixels is not None:
+            self._maybe_shadow(scores, pixels)
         logger.info("classify request_id=%s variant=%s status=200 total_ms=%.1f", request_id, scores.variant, total_ms)
         return _json(body, headers=self._headers(scores.variant, body["timings_ms"]))
 
@@ -756,6 +760,112 @@ class Router:
         server_timing = ", ".join(f"{k};dur={v}" for k, v in timings.items() if k != "batch_size")
         return {"X-Model-Variant": variant, "Server-Timing": server_timing}
 
+    # -- Open Inference Protocol (KServe V2) ----------------------------------------------
+
+    async def _v2(self, request: Request, path: str) -> Response:
+        """/v2/...: the same limits, A/B policy and status table, errors in the protocol's flat shape."""
+        try:
+            matched = v2.match_v2_path(request.method, path)
+            if matched is None:
+                raise ServiceError("not_found", f"no route {request.url.path}")
+            handler, params = matched
+            return await getattr(self, f"_v2_{handler}")(request, params)
+        except ServiceError as e:
+            status, body = v2.v2_error(e)
+            self.metrics.requests.inc(tags={"endpoint": "/v2", "variant": "none", "status": str(status)})
+            self.metrics.errors.inc(tags={"endpoint": "/v2", "code": e.code})
+            return _json(body, status, e.headers())
+        except Exception as e:
+            logger.exception("unhandled error on %s %s", request.method, path)
+            status, body = v2.v2_error(ServiceError("internal_error", f"internal error ({type(e).__name__})"))
+            return _json(body, status)
+
+    async def _v2_server_metadata(self, request: Request, params: dict[str, str]) -> Response:
+        from app import __version__
+
+        return _json(v2.server_metadata(__version__))
+
+    async def _v2_server_live(self, request: Request, params: dict[str, str]) -> Response:
+        return Response(status_code=200)
+
+    async def _v2_server_ready(self, request: Request, params: dict[str, str]) -> Response:
+        await self._require_ready(self.variants)
+        return Response(status_code=200)
+
+    def _v2_variant(self, params: dict[str, str]) -> str | None:
+        return v2.resolve_model(params["model"], self.args.model_name, self.variants, params.get("version") or None)
+
+    async def _v2_model_ready(self, request: Request, params: dict[str, str]) -> Response:
+        pinned = self._v2_variant(params)
+        await self._require_ready([pinned] if pinned else self.variants)
+        return Response(status_code=200)
+
+    async def _v2_model_metadata(self, request: Request, params: dict[str, str]) -> Response:
+        pinned = self._v2_variant(params)
+        spec = await self._model_spec(pinned or self.variants[0])
+        return _json(v2.model_metadata(params["model"], [v2.DEFAULT_VERSION], spec, len(self.labels) or None))
+
+    async def _require_ready(self, variants: list[str]) -> None:
+        states = await asyncio.gather(
+            *(self._call(self.classifiers[v].ready.remote(), 2.0) for v in variants), return_exceptions=True
+        )
+        down = [v for v, s in zip(variants, states, strict=True) if s is not True]
+        if down:
+            raise ServiceError("not_ready", f"variants not ready: {down}")
+
+    async def _v2_infer(self, request: Request, params: dict[str, str]) -> Response:
+        t0 = time.perf_counter()
+        self._ensure_flusher()
+        self._admit()
+        self._in_flight += 1
+        try:
+            pinned = self._v2_variant(params)
+            choice = self._choose(request, pinned)
+            body = v2.decompress_body(
+                await self._read_body(request), request.headers.get("content-encoding"), self.limits.max_body_bytes
+            )
+            header_length = v2.parse_header_length(request.headers.get(v2.HEADER_LENGTH))
+            spec = await self._model_spec(choice.variant)
+            req = v2.parse_infer_request(body, header_length, self.limits, v2.image_hw(spec))
+            full = req.needs_logits or req.needs_probabilities
+            payload: Any
+            if req.images is not None:
+                for data in req.images:
+                    self._check_image_header(data)
+                method, payload = "many", req.images
+            else:
+                assert req.pixels is not None
+                n = len(req.pixels)
+                method, payload = "pixels", Pixels(np.ascontiguousarray(req.pixels), 0.0, {}, list(range(n)))
+            scores, reason, failed_over, _ = await self._infer(request, method, payload, req.max_k, t0, choice, full)
+        finally:
+            self._in_flight -= 1
+        if scores.errors:  # the protocol has no per-item errors: the first bad image fails the request
+            raise scores.errors[min(scores.errors)]
+        probabilities = (
+            _softmax(scores.logits.copy()) if req.needs_probabilities and scores.logits is not None else None
+        )
+        model_name = v2.model_name_for(self.args.model_name, pinned)
+        out, headers = v2.encode_infer_response(
+            req,
+            model_name,
+            self.labels,
+            logits=scores.logits,
+            probabilities=probabilities,
+            top=scores.top,
+            parameters={"variant": scores.variant, "routing": reason, **({"failover": True} if failed_over else {})},
+        )
+        total_ms = _ms(time.perf_counter() - t0)
+        timings = {
+            "preprocess": scores.preprocess_ms,
+            "queue": scores.queue_ms,
+            "inference": scores.inference_ms,
+            "total": total_ms,
+        }
+        self._observe("/v2/infer", scores.variant, timings)
+        self.stats.record_request(scores.variant, total_ms, ok=True)
+        return Response(out, headers={**headers, **self._headers(scores.variant, timings)})
+
     # -- reading the request -----------------------------------------------------------
 
     async def _read_body(self, request: Request) -> bytes:
@@ -821,19 +931,22 @@ class Router:
 
     # -- the chain ----------------------------------------------------------------------
 
-    async def _input_size(self, variant: str) -> int:
-        """The model's input size, read from the Classifier's session once, never assumed."""
-        if variant not in self._sizes:
+    async def _model_spec(self, variant: str) -> dict[str, Any]:
+        """The model's input spec, read from the Classifier's session once, never assumed."""
+        if variant not in self._specs:
             info = await self._call(self.classifiers[variant].describe.remote(), 10.0)
-            self._sizes[variant] = int(info["input"]["size"][0])
-        return self._sizes[variant]
+            self._specs[variant] = info["input"]
+        return self._specs[variant]
 
-    async def _infer(
-        self, request: Request, method: str, payload: Any, top_k: int, t0: float
-    ) -> tuple[Scores, str, bool, DeploymentResponse]:
+    async def _input_size(self, variant: str) -> int:
+        return int((await self._model_spec(variant))["size"][0])
+
+    def _choose(self, request: Request, pinned: str | None = None) -> Choice:
         assert self.cfg is not None and self.split is not None
+        if pinned is not None:
+            return Choice(pinned, "model")
         cfg = self.cfg
-        choice = choose_variant(
+        return choose_variant(
             self.split,
             self.classifiers,
             request.headers.get(cfg.sticky_header),
@@ -841,14 +954,28 @@ class Router:
             cfg.allow_override,
             self.rng,
         )
+
+    async def _infer(
+        self,
+        request: Request,
+        method: str,
+        payload: Any,
+        top_k: int,
+        t0: float,
+        choice: Choice | None = None,
+        full: bool = False,
+    ) -> tuple[Scores, str, bool, DeploymentResponse | None]:
+        assert self.cfg is not None and self.split is not None
+        cfg = self.cfg
+        choice = choice or self._choose(request)
         deadline = t0 + cfg.inference_timeout_s
         candidates = [choice.variant]
-        if cfg.failover and choice.reason != "override":
+        if cfg.failover and choice.reason not in ("override", "model"):
             candidates += failover_order(choice.variant, self.variants, self.split)
         last: ServiceError | None = None
         for n, variant in enumerate(candidates):
             try:
-                scores, pixels = await self._chain_with_retry(variant, method, payload, top_k, deadline)
+                scores, pixels = await self._chain_with_retry(variant, method, payload, top_k, deadline, full)
                 return scores, choice.reason, n > 0, pixels
             except ServiceError as e:
                 e.variant = variant  # type: ignore[attr-defined]
@@ -865,11 +992,11 @@ class Router:
         raise last
 
     async def _chain_with_retry(
-        self, variant: str, method: str, payload: Any, top_k: int, deadline: float
-    ) -> tuple[Scores, DeploymentResponse]:
+        self, variant: str, method: str, payload: Any, top_k: int, deadline: float, full: bool = False
+    ) -> tuple[Scores, DeploymentResponse | None]:
         for attempt in (1, 2):
             try:
-                return await self._chain(variant, method, payload, top_k, deadline)
+                return await self._chain(variant, method, payload, top_k, deadline, full)
             except _REPLICA_FAILURES as e:
                 unavailable = isinstance(e, DeploymentUnavailableError)
                 if attempt == 2 or unavailable or time.perf_counter() >= deadline:
@@ -880,12 +1007,16 @@ class Router:
         raise AssertionError("unreachable")
 
     async def _chain(
-        self, variant: str, method: str, payload: Any, top_k: int, deadline: float
-    ) -> tuple[Scores, DeploymentResponse]:
+        self, variant: str, method: str, payload: Any, top_k: int, deadline: float, full: bool = False
+    ) -> tuple[Scores, DeploymentResponse | None]:
+        """Preprocessor -> Classifier, or (method "pixels") pixels straight to the Classifier."""
+        if method == "pixels":
+            scores = self.classifiers[variant].remote(payload, max(top_k, SHADOW_TOP_K), full)
+            return await self._call(scores, deadline - time.perf_counter()), None
         size = await self._input_size(variant)
         pixels: DeploymentResponse = getattr(self.preprocessor, method).remote(payload, size)
         # The DeploymentResponse goes straight into the Classifier call: Serve resolves it there.
-        scores = self.classifiers[variant].remote(pixels, max(top_k, SHADOW_TOP_K))
+        scores = self.classifiers[variant].remote(pixels, max(top_k, SHADOW_TOP_K), full)
         return await self._call(scores, deadline - time.perf_counter(), pixels), pixels
 
     async def _call(self, response: Any, timeout_s: float, *upstream: Any) -> Any:
