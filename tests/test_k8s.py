@@ -1,0 +1,846 @@
+"""k8s/: the manifests parse and validate, agree with configs/prod.yaml, pyproject.toml and the
+Dockerfile, and give every Serve deployment the nodes it needs (and only those).
+
+No cluster, no network, no Ray: the few kustomize features k8s/ uses (resources, namespace, images,
+JSON 6902 patches) are re-implemented here to render each overlay, core objects are checked with
+kubernetes-validate, and the RayService with KubeRay's own CRD schema (the shared validator beside
+the repository) when it is there.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from app import k8s
+
+REPO = Path(__file__).resolve().parent.parent
+K8S = REPO / "k8s"
+PROD = REPO / "configs" / "prod.yaml"
+# kubernetes-validate ships schemas for 1.25-1.37; 1.33 is what the managed offerings run widely.
+K8S_VERSION = "1.33.0"
+CRD_VALIDATOR = REPO.parent / "shared" / "tools" / "validate_rayservice.py"
+OVERLAYS = {"base": K8S, "cpu": K8S / "overlays" / "cpu", "gpu": K8S / "overlays" / "gpu"}
+CUSTOM_KINDS = {("ray.io/v1", "RayService"), ("monitoring.coreos.com/v1", "PodMonitor")}
+APP_LABEL = {"app.kubernetes.io/part-of": "image-classifier"}
+SERVE_SVC = "image-classifier-serve-svc"
+
+
+# --------------------------------------------------------------------------- a small kustomize
+
+
+@dataclass
+class Rendered:
+    docs: list[dict[str, Any]]
+    images_unmatched: list[str]
+    patches_unmatched: list[str]
+
+
+def _load_docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
+
+
+def _pointer(path: str) -> list[str]:
+    assert path.startswith("/"), f"JSON pointer must start with '/': {path!r}"
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def _walk(doc: Any, parts: list[str]) -> Any:
+    for part in parts:
+        doc = doc[int(part)] if isinstance(doc, list) else doc[part]
+    return doc
+
+
+def apply_json_patch(doc: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """RFC 6902 add / remove / replace / test: what k8s/ uses of what kustomize supports."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        parts = _pointer(op["path"])
+        parent, last = _walk(doc, parts[:-1]), parts[-1]
+        kind = op["op"]
+        if kind == "test":
+            assert _walk(doc, parts) == op["value"], f"JSON patch test failed at {op['path']}"
+        elif kind == "remove":
+            del parent[int(last) if isinstance(parent, list) else last]
+        elif kind == "replace":
+            _walk(doc, parts)  # must exist
+            parent[int(last) if isinstance(parent, list) else last] = copy.deepcopy(op["value"])
+        elif kind == "add":
+            if isinstance(parent, list):
+                parent.insert(len(parent) if last == "-" else int(last), copy.deepcopy(op["value"]))
+            else:
+                parent[last] = copy.deepcopy(op["value"])
+        else:
+            raise AssertionError(f"JSON patch op {kind!r} is not used by k8s/ and not implemented here")
+    return doc
+
+
+def _targets(target: dict[str, str], doc: dict[str, Any]) -> bool:
+    group, _, version = doc["apiVersion"].rpartition("/")
+    want = {"group": group, "version": version, "kind": doc["kind"], "name": doc["metadata"]["name"]}
+    return all(want[k] == v for k, v in target.items())
+
+
+def _split_image(image: str) -> tuple[str, str | None]:
+    name, _, _digest = image.partition("@")
+    slash = name.rfind("/")
+    colon = name.rfind(":")
+    if colon > slash:
+        return name[:colon], name[colon + 1 :]
+    return name, None
+
+
+def _set_images(node: Any, rule: dict[str, str]) -> bool:
+    """kustomize's images transformer: every `image` under any containers/initContainers list."""
+    hit = False
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("containers", "initContainers") and isinstance(value, list):
+                for c in value:
+                    name, tag = _split_image(c["image"])
+                    if name == rule["name"]:
+                        c["image"] = f"{rule.get('newName', name)}:{rule.get('newTag', tag)}"
+                        hit = True
+            hit = _set_images(value, rule) or hit
+    elif isinstance(node, list):
+        for item in node:
+            hit = _set_images(item, rule) or hit
+    return hit
+
+
+def kustomize(root: Path) -> Rendered:
+    kust = yaml.safe_load((root / "kustomization.yaml").read_text(encoding="utf-8"))
+    unknown = set(kust) - {"apiVersion", "kind", "namespace", "resources", "images", "patches"}
+    assert not unknown, f"{root}: this test's kustomize does not implement {sorted(unknown)}"
+    docs: list[dict[str, Any]] = []
+    images_unmatched: list[str] = []
+    patches_unmatched: list[str] = []
+    for res in kust.get("resources", []):
+        path = root / res
+        assert path.exists(), f"{root / 'kustomization.yaml'}: resource {res} does not exist"
+        if path.is_dir():
+            sub = kustomize(path)
+            docs += sub.docs
+            images_unmatched += sub.images_unmatched
+            patches_unmatched += sub.patches_unmatched
+        else:
+            docs += _load_docs(path)
+    for patch in kust.get("patches", []):
+        path = root / patch["path"]
+        assert path.is_file(), f"{root / 'kustomization.yaml'}: patch {patch['path']} does not exist"
+        ops = yaml.safe_load(path.read_text(encoding="utf-8"))
+        assert isinstance(ops, list), f"{path}: only JSON 6902 patches (a list of ops) are used in k8s/"
+        hits = [i for i, d in enumerate(docs) if _targets(patch["target"], d)]
+        if len(hits) != 1:
+            patches_unmatched.append(f"{path} matched {len(hits)} objects")
+        for i in hits:
+            docs[i] = apply_json_patch(docs[i], ops)
+    for rule in kust.get("images", []):
+        if not any([_set_images(d, rule) for d in docs]):
+            images_unmatched.append(f"{root}: images entry {rule['name']!r} matches no container")
+    if "namespace" in kust:
+        for d in docs:
+            if d["kind"] != "Namespace":
+                d["metadata"]["namespace"] = kust["namespace"]
+    return Rendered(docs, images_unmatched, patches_unmatched)
+
+
+@pytest.fixture(scope="module", params=sorted(OVERLAYS))
+def rendered(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
+    out = kustomize(OVERLAYS[request.param])
+    return request.param, out.docs
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def serve_config(rayservice: dict[str, Any]) -> dict[str, Any]:
+    cfg = yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+    assert isinstance(cfg, dict)
+    return cfg
+
+
+def pod_templates(rayservice: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    out = {"head": cluster["headGroupSpec"]["template"]}
+    out.update({g["groupName"]: g["template"] for g in cluster["workerGroupSpecs"]})
+    return out
+
+
+# --------------------------------------------------------------------------- resource arithmetic
+
+_SUFFIX = {"m": Fraction(1, 1000), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_SUFFIX.update({"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40})
+
+
+def quantity(value: str | int | float) -> Fraction:
+    """A Kubernetes resource quantity ("500m", "8Gi", "2") as an exact number."""
+    text = str(value)
+    match = re.fullmatch(r"([0-9.]+)([a-zA-Z]*)", text)
+    assert match and (match.group(2) in _SUFFIX or not match.group(2)), f"not a quantity: {text!r}"
+    return Fraction(match.group(1)) * _SUFFIX.get(match.group(2), 1)
+
+
+def advertised(group: dict[str, Any]) -> dict[str, Fraction]:
+    """What a group's Ray nodes advertise, read the way KubeRay and the Ray autoscaler read it:
+    the group's `resources`, else rayStartParams, else the Ray container's limits."""
+    res = group.get("resources") or {}
+    params = group.get("rayStartParams") or {}
+    limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+    out: dict[str, Fraction] = {}
+    if "CPU" in res:
+        out["CPU"] = quantity(res["CPU"])
+    elif "num-cpus" in params:
+        out["CPU"] = Fraction(params["num-cpus"])
+    else:
+        out["CPU"] = Fraction(math.ceil(quantity(limits["cpu"])))
+    gpu_limits = [quantity(v) for k, v in limits.items() if k.endswith("gpu")]
+    if "GPU" in res:
+        out["GPU"] = quantity(res["GPU"])
+    elif "num-gpus" in params:
+        out["GPU"] = Fraction(params["num-gpus"])
+    else:
+        out["GPU"] = sum(gpu_limits, Fraction(0))
+    if res:
+        out.update({k: quantity(v) for k, v in res.items() if k not in ("CPU", "GPU", "memory")})
+    elif "resources" in params:
+        out.update({k: Fraction(str(v)) for k, v in json.loads(params["resources"].strip("'\"")).items()})
+    return out
+
+
+@dataclass(frozen=True)
+class Deployment:
+    name: str
+    asks: dict[str, Fraction]
+    min_replicas: int
+    max_replicas: int
+    label_selector: dict[str, str]
+
+
+def deployments(cfg: dict[str, Any]) -> list[Deployment]:
+    out = []
+    for app in cfg["applications"]:
+        for d in app.get("deployments", []):
+            opts = d.get("ray_actor_options") or {}
+            asks = {"CPU": Fraction(str(opts.get("num_cpus", 1))), "GPU": Fraction(str(opts.get("num_gpus", 0)))}
+            asks.update({k: Fraction(str(v)) for k, v in (opts.get("resources") or {}).items()})
+            if "autoscaling_config" in d:
+                auto = d["autoscaling_config"]
+                lo, hi = auto.get("min_replicas", 1), auto.get("max_replicas", 1)
+            else:
+                lo = hi = d.get("num_replicas", 1)
+            out.append(Deployment(d["name"], asks, lo, hi, opts.get("label_selector") or {}))
+    return out
+
+
+def _label_ok(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    """Ray label selectors: "v", "!v", "in(a,b)", "!in(a,b)"."""
+    for key, want in selector.items():
+        negate = want.startswith("!")
+        body = want[1:] if negate else want
+        values = body[3:-1].split(",") if body.startswith("in(") else [body]
+        if (labels.get(key) in [v.strip() for v in values]) == negate:
+            return False
+    return True
+
+
+def can_host(group_resources: dict[str, Fraction], labels: dict[str, str], dep: Deployment) -> bool:
+    fits = all(group_resources.get(k, 0) >= v for k, v in dep.asks.items() if v > 0)
+    return fits and _label_ok(dep.label_selector, labels)
+
+
+def pods_for(items: list[dict[str, Fraction]], capacity: dict[str, Fraction]) -> int:
+    """Pods of `capacity` that hold all `items` (replica resource asks), first-fit decreasing."""
+    pods: list[dict[str, Fraction]] = []
+    for item in sorted(items, key=lambda it: (-it.get("GPU", 0), -it.get("CPU", 0))):
+        need = {k: v for k, v in item.items() if v > 0}
+        for pod in pods:
+            if all(pod.get(k, 0) >= v for k, v in need.items()):
+                break
+        else:
+            pod = dict(capacity)
+            assert all(pod.get(k, 0) >= v for k, v in need.items()), f"{item} fits no pod of {capacity}"
+            pods.append(pod)
+        for k, v in need.items():
+            pod[k] -= v
+    return len(pods)
+
+
+@dataclass
+class GroupPlan:
+    deployments: list[str]
+    pods_min: int  # what the Serve minimums need, and one pod per replica of a deployment's minimum
+    pods_max: int  # what the Serve maximums need
+
+
+def placement(rayservice: dict[str, Any]) -> tuple[dict[str, list[str]], dict[str, GroupPlan]]:
+    """Which groups each deployment can land on, and what each worker group must be able to hold."""
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    head = dict(cluster["headGroupSpec"], groupName="head")
+    groups = {g["groupName"]: g for g in [head, *cluster["workerGroupSpecs"]]}
+    eligible: dict[str, list[str]] = {}
+    plans = {g: GroupPlan([], 0, 0) for g in groups if g != "head"}
+    for dep in deployments(serve_config(rayservice)):
+        eligible[dep.name] = [
+            g for g, spec in groups.items() if can_host(advertised(spec), spec.get("labels") or {}, dep)
+        ]
+        if len(eligible[dep.name]) == 1 and eligible[dep.name][0] != "head":
+            plans[eligible[dep.name][0]].deployments.append(dep.name)
+    for name, plan in plans.items():
+        capacity = advertised(groups[name])
+        deps = [d for d in deployments(serve_config(rayservice)) if d.name in plan.deployments]
+        plan.pods_max = pods_for([d.asks for d in deps for _ in range(d.max_replicas)], capacity)
+        least = pods_for([d.asks for d in deps for _ in range(d.min_replicas)], capacity)
+        plan.pods_min = max([least, *[d.min_replicas for d in deps]])
+    return eligible, plans
+
+
+# --------------------------------------------------------------------------- every file parses
+
+
+def yaml_files() -> list[Path]:
+    return sorted(p for p in K8S.rglob("*.yaml") if "templates" not in p.parts)
+
+
+def test_every_yaml_file_under_k8s_parses() -> None:
+    assert yaml_files(), "no manifests under k8s/"
+    for path in yaml_files():
+        docs = _load_docs(path)
+        assert docs, f"{path} is empty"
+
+
+def test_every_manifest_has_kind_and_name(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    for doc in rendered[1]:
+        assert doc.get("apiVersion") and doc.get("kind") and doc.get("metadata", {}).get("name"), doc
+
+
+def test_kustomizations_reference_existing_files_and_every_patch_and_image_applies() -> None:
+    for name, root in OVERLAYS.items():
+        out = kustomize(root)
+        assert not out.patches_unmatched, f"{name}: {out.patches_unmatched}"
+        assert not out.images_unmatched, f"{name}: {out.images_unmatched}"
+
+
+def test_base_kustomization_lists_every_manifest_in_k8s() -> None:
+    listed = set(yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"])
+    manifests = {p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml"}
+    assert manifests == listed, f"k8s/*.yaml not applied by `kubectl apply -k k8s/`: {manifests - listed}"
+
+
+# --------------------------------------------------------------------------- schema validation
+
+
+def test_core_objects_validate_against_kubernetes(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    import kubernetes_validate
+
+    core = [d for d in rendered[1] if (d["apiVersion"], d["kind"]) not in CUSTOM_KINDS]
+    assert {d["kind"] for d in core} >= {"Namespace", "Ingress", "NetworkPolicy"}
+    for doc in core:
+        try:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:  # pragma: no cover - the message is the point
+            pytest.fail(f"{rendered[0]}: {doc['kind']}/{doc['metadata']['name']}: {e.message} at {list(e.path)}")
+
+
+def _run_crd_validator(paths: list[Path]) -> str:
+    if not CRD_VALIDATOR.is_file():
+        pytest.skip(f"KubeRay CRD validator not found at {CRD_VALIDATOR}")
+    proc = subprocess.run(
+        [sys.executable, str(CRD_VALIDATOR), *map(str, paths)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_rayservice_validates_against_kuberay_crd() -> None:
+    out = _run_crd_validator(sorted(K8S.glob("*.yaml")))
+    assert out.strip().splitlines()[-1] == "1 RayService checked, 0 problems", out
+
+
+def test_every_overlays_rayservice_validates_against_kuberay_crd(tmp_path: Path) -> None:
+    paths = []
+    for name, root in OVERLAYS.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(one(kustomize(root).docs, "RayService")))
+        paths.append(path)
+    out = _run_crd_validator(paths)
+    assert out.strip().splitlines()[-1] == f"{len(paths)} RayService checked, 0 problems", out
+
+
+def test_rayservice_follows_kuberay_operator_rules(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    """What the operator's own validation (not the CRD schema) would reject at reconcile time."""
+    rs = one(rendered[1], "RayService")
+    name = rs["metadata"]["name"]
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 47
+    spec = rs["spec"]
+    assert spec["upgradeStrategy"]["type"] in ("NewCluster", "NewClusterWithIncrementalUpgrade", "None")
+    cluster = spec["rayClusterConfig"]
+    assert "upgradeStrategy" not in cluster, "a RayService's cluster may not set its own upgradeStrategy"
+    v2 = cluster.get("autoscalerOptions", {}).get("version") == "v2"
+    ray = tuple(int(x) for x in cluster["rayVersion"].split("."))
+    if cluster.get("authOptions", {}).get("mode") == "token":
+        assert ray >= (2, 52, 0)
+    label = re.compile(
+        r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+    )
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        params = group.get("rayStartParams") or {}
+        start_resources = any(k in params for k in ("num-cpus", "num-gpus", "memory", "resources"))
+        assert not (start_resources and group.get("resources")), "resources in both rayStartParams and resources"
+        assert "labels" not in params
+        assert all(label.fullmatch(k) and label.fullmatch(v) for k, v in (group.get("labels") or {}).items())
+        assert group["template"]["spec"].get("restartPolicy") in (None, "Never")
+        if "groupName" in group:
+            assert 0 <= group["minReplicas"] <= group.get("replicas", group["minReplicas"]) <= group["maxReplicas"]
+            assert v2 or "idleTimeoutSeconds" not in group, "per-group idleTimeoutSeconds needs autoscaler v2"
+
+
+# --------------------------------------------------------------------------- generated files
+
+
+def test_rendered_files_are_committed_byte_for_byte() -> None:
+    for path, text in k8s.render(REPO).items():
+        assert (REPO / path).read_bytes() == text.encode("utf-8"), f"{path} is stale: run `python -m app.k8s render`"
+
+
+def test_serve_config_v2_is_configs_prod_yaml() -> None:
+    rs = one(_load_docs(K8S / "rayservice.yaml"), "RayService")
+    embedded = rs["spec"]["serveConfigV2"]
+    assert yaml.safe_load(embedded) == yaml.safe_load(PROD.read_text(encoding="utf-8"))
+    # Verbatim, comments included (a literal block keeps exactly one final newline).
+    assert embedded == PROD.read_text(encoding="utf-8").rstrip("\n") + "\n"
+
+
+def test_check_fails_on_drift_and_render_fixes_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for rel in (k8s.PYPROJECT, k8s.PROD_CONFIG, k8s.TEMPLATE, k8s.RAYSERVICE, k8s.CPU_PATCH):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / rel, tmp_path / rel)
+    assert k8s.main(["render", "--check", "--root", str(tmp_path)]) == 0
+    prod = tmp_path / k8s.PROD_CONFIG
+    text, n = re.subn(r"weights: \{[^}]*\}", "weights: {int8: 37, fp32: 63}", prod.read_text(), count=1)
+    assert n == 1 and text != prod.read_text(), "no Router weights in configs/prod.yaml: update this test"
+    prod.write_text(text)
+    assert k8s.main(["render", "--check", "--root", str(tmp_path)]) == 1
+    assert "out of date" in capsys.readouterr().err
+    assert k8s.main(["render", "--root", str(tmp_path)]) == 0
+    assert k8s.main(["render", "--check", "--root", str(tmp_path)]) == 0
+    rs = one(_load_docs(tmp_path / k8s.RAYSERVICE), "RayService")
+    assert "weights: {int8: 37, fp32: 63}" in rs["spec"]["serveConfigV2"]
+
+
+def test_render_reports_a_missing_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert k8s.main(["render", "--check", "--root", str(tmp_path)]) == 2
+    assert "pyproject.toml not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("dependency", "version"),
+    [('"ray[serve]==2.60.*"', "2.60.0"), ('"ray==2.60.2"', "2.60.2"), ('"ray[serve,default] == 2.7"', "2.7.0")],
+)
+def test_ray_version_reads_the_pin(dependency: str, version: str) -> None:
+    text = f'[project]\nname = "ray-image-classifier"\ndependencies = [\n  {dependency},\n  "rayleigh>=1",\n]\n'
+    assert k8s.ray_version(text) == version
+
+
+@pytest.mark.parametrize("dependency", ['"ray[serve]>=2.60"', '"ray"', '"ray[serve]==2.60.*,!=2.60.1"'])
+def test_ray_version_refuses_a_loose_pin(dependency: str) -> None:
+    with pytest.raises(k8s.RenderError):
+        k8s.ray_version(f"dependencies = [{dependency}]")
+
+
+def test_project_version_is_the_project_tables() -> None:
+    text = '[tool.x]\nversion = "9"\n[project]\nname = "a"\nversion = "1.2.3"\n[tool.y]\nversion = "8"\n'
+    assert k8s.project_version(text) == "1.2.3"
+    with pytest.raises(k8s.RenderError):
+        k8s.project_version('[tool.x]\nversion = "9"\n')
+
+
+def test_embed_block_round_trips_blank_lines_and_unicode() -> None:
+    text = "# ≈ comment\na: 1\n\nb:\n  c: 'x'   # trailing\n\n\n"
+    doc = "v: |\n" + k8s.embed_block(text, "  ")
+    assert yaml.safe_load(doc)["v"] == text.rstrip("\n") + "\n"
+    assert " \n" not in k8s.embed_block(text, "  "), "blank lines must not carry trailing spaces"
+    with pytest.raises(k8s.RenderError):
+        k8s.embed_block("  indented: 1\n", "  ")
+
+
+def test_render_rayservice_needs_each_mark_once() -> None:
+    good = "a: @IMAGE@\nv: '@RAY_VERSION@'\ns: |\n  @SERVE_CONFIG@\n"
+    out = k8s.render_rayservice(good, "x: 1\n", "2.60.0", "img:1")
+    assert yaml.safe_load(out) == {"a": "img:1", "v": "2.60.0", "s": "x: 1\n"}
+    for bad in (good.replace("@IMAGE@", "i"), good + "@RAY_VERSION@\n", good.replace("  @SERVE", "  s: @SERVE")):
+        with pytest.raises(k8s.RenderError):
+            k8s.render_rayservice(bad, "x: 1\n", "2.60.0", "img:1")
+    assert "#!" not in k8s.render_rayservice("#! a note @RAY_VERSION@\n" + good, "x: 1\n", "2.60.0", "img:1")
+
+
+def test_cpu_serve_config_only_moves_the_classifiers_to_cpu() -> None:
+    prod = yaml.safe_load(PROD.read_text(encoding="utf-8"))
+    cpu = k8s.cpu_serve_config(prod)
+    for dep in deployments(cpu):
+        assert dep.asks["GPU"] == 0, dep
+    args = cpu["applications"][0]["args"]
+    assert args["device"] == "cpu" and args["require_gpu"] is False and "gpu_mem_limit_bytes" not in args
+    # Put back what the transform changes: nothing else may differ.
+    back = copy.deepcopy(cpu)
+    back["applications"][0]["args"] = dict(prod["applications"][0]["args"])
+    for mine, theirs in zip(
+        back["applications"][0]["deployments"], prod["applications"][0]["deployments"], strict=True
+    ):
+        mine.setdefault("ray_actor_options", {})["num_gpus"] = theirs.get("ray_actor_options", {}).get("num_gpus")
+    assert back == prod
+    assert prod != cpu, "the transform must not change its input"
+
+
+def test_every_serve_config_is_valid_for_serve_and_the_app(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    """serveConfigV2 of each overlay parses as Ray Serve's deploy schema and the app's typed args."""
+    from ray.serve.schema import ServeDeploySchema
+
+    from app.config import AppArgs, ClassifierConfig, RouterConfig
+
+    cfg = serve_config(one(rendered[1], "RayService"))
+    ServeDeploySchema.model_validate(cfg)
+    for app in cfg["applications"]:
+        AppArgs.model_validate(app["args"])
+        for dep in app["deployments"]:
+            if dep["name"] == "Router":
+                RouterConfig.model_validate(dep["user_config"])
+            elif dep["name"].startswith("Classifier_"):
+                ClassifierConfig.model_validate(dep["user_config"])
+
+
+# --------------------------------------------------------------------------- versions and images
+
+
+def _pyproject() -> str:
+    return (REPO / "pyproject.toml").read_text(encoding="utf-8")
+
+
+def test_ray_version_is_the_pinned_one(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    rs = one(rendered[1], "RayService")
+    assert rs["spec"]["rayClusterConfig"]["rayVersion"] == k8s.ray_version(_pyproject())
+
+
+def test_images_agree_across_groups_and_with_the_kustomizations() -> None:
+    ray, version = k8s.ray_version(_pyproject()), k8s.project_version(_pyproject())
+    gpu_tag = k8s.image_tag(version, ray, k8s.GPU_PLATFORM)
+    rs = one(_load_docs(K8S / "rayservice.yaml"), "RayService")
+    images = {c["image"] for t in pod_templates(rs).values() for c in t["spec"]["containers"]}
+    assert images == {f"{k8s.IMAGE_NAME}:{gpu_tag}"}
+    base = yaml.safe_load((K8S / "kustomization.yaml").read_text())["images"]
+    assert [(i["name"], i["newTag"]) for i in base] == [(k8s.IMAGE_NAME, gpu_tag)]
+    registry = base[0]["newName"]
+    want = {"base": gpu_tag, "gpu": gpu_tag, "cpu": k8s.image_tag(version, ray, k8s.CPU_PLATFORM)}
+    for name, root in OVERLAYS.items():
+        if name != "base":
+            rules = yaml.safe_load((root / "kustomization.yaml").read_text())["images"]
+            assert [r["name"] for r in rules] == [registry], f"{name}: images must match the base's newName"
+        docs = kustomize(root).docs
+        used = {c["image"] for t in pod_templates(one(docs, "RayService")).values() for c in t["spec"]["containers"]}
+        assert used == {f"{registry}:{want[name]}"}, name
+
+
+# --------------------------------------------------------------------------- placement and capacity
+
+
+def test_only_the_gpu_group_advertises_gpus(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    cluster = one(rendered[1], "RayService")["spec"]["rayClusterConfig"]
+    head = advertised(cluster["headGroupSpec"])
+    assert head["CPU"] == 0 and head["GPU"] == 0, "the head must advertise nothing a replica can use"
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    for group in cluster["workerGroupSpecs"]:
+        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+        gpus = quantity(limits.get("nvidia.com/gpu", 0))
+        assert advertised(group)["GPU"] == gpus, f"{group['groupName']}: Ray GPUs must equal the Pod's GPUs"
+        spec = group["template"]["spec"]
+        if gpus:
+            assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+            assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+
+
+def test_every_deployment_lands_on_exactly_one_worker_group(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    """GPU deployments only on GPU pods; CPU-only ones never on GPU pods (nor on the head)."""
+    rs = one(rendered[1], "RayService")
+    cluster = rs["spec"]["rayClusterConfig"]
+    gpu_groups = {g["groupName"] for g in cluster["workerGroupSpecs"] if advertised(g)["GPU"] > 0}
+    eligible, _ = placement(rs)
+    for dep in deployments(serve_config(rs)):
+        groups = eligible[dep.name]
+        assert len(groups) == 1 and groups[0] != "head", f"{rendered[0]}: {dep.name} can land on {groups}"
+        assert (groups[0] in gpu_groups) == (dep.asks["GPU"] > 0), f"{rendered[0]}: {dep.name} on {groups}"
+
+
+def test_gpu_pods_advertise_exactly_the_cpus_their_classifiers_need() -> None:
+    rs = one(_load_docs(K8S / "rayservice.yaml"), "RayService")
+    for group in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        ads = advertised(group)
+        if not ads["GPU"]:
+            continue
+        for dep in deployments(serve_config(rs)):
+            if dep.asks["GPU"]:
+                assert ads["CPU"] == ads["GPU"] / dep.asks["GPU"] * dep.asks["CPU"], (group["groupName"], dep)
+
+
+def test_worker_groups_match_the_autoscaling_ranges_of_prod_yaml() -> None:
+    """The base: maxReplicas holds every Serve maximum at once, minReplicas the minimums (with the
+    replicas of one deployment's minimum on different pods), and not a pod more."""
+    rs = one(_load_docs(K8S / "rayservice.yaml"), "RayService")
+    _, plans = placement(rs)
+    for group in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        plan = plans[group["groupName"]]
+        assert plan.deployments, f"{group['groupName']} hosts no deployment"
+        got = (group["minReplicas"], group["maxReplicas"])
+        assert got == (plan.pods_min, plan.pods_max), f"{group['groupName']}: {got}, prod.yaml needs {plan}"
+
+
+def test_every_overlay_covers_its_autoscaling_ranges(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    rs = one(rendered[1], "RayService")
+    _, plans = placement(rs)
+    for group in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        plan = plans[group["groupName"]]
+        assert group["minReplicas"] >= plan.pods_min and group["maxReplicas"] >= plan.pods_max, (
+            f"{rendered[0]}: {group['groupName']} min/max {group['minReplicas']}/{group['maxReplicas']} < {plan}"
+        )
+
+
+def test_the_cpu_overlay_has_no_gpu_anywhere() -> None:
+    docs = kustomize(OVERLAYS["cpu"]).docs
+    rs = one(docs, "RayService")
+    assert all(advertised(g)["GPU"] == 0 for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"])
+    assert "nvidia.com/gpu" not in json.dumps(rs["spec"]["rayClusterConfig"])
+    assert serve_config(rs) == k8s.cpu_serve_config(yaml.safe_load(PROD.read_text(encoding="utf-8")))
+
+
+def test_placement_arithmetic() -> None:
+    half = {"CPU": Fraction(1, 2)}
+    full = {"CPU": Fraction(1)}
+    assert pods_for([half] * 8 + [full] * 32, {"CPU": Fraction(3)}) == 12
+    gpu = {"CPU": Fraction(1), "GPU": Fraction(1, 2)}
+    assert pods_for([gpu] * 8, {"CPU": Fraction(2), "GPU": Fraction(1)}) == 4
+    assert pods_for([gpu] * 3, {"CPU": Fraction(1), "GPU": Fraction(1)}) == 3  # CPU-bound
+    assert quantity("500m") == Fraction(1, 2) and quantity("2Gi") == 2**31 and quantity(3) == 3
+    assert _label_ok({"pool": "cpu"}, {"pool": "cpu"}) and not _label_ok({"pool": "!cpu"}, {"pool": "cpu"})
+    assert _label_ok({"pool": "in(a, cpu)"}, {"pool": "cpu"}) and not _label_ok({"pool": "gpu"}, {})
+
+
+def test_autoscaling_is_on_with_justified_options(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    cluster = one(rendered[1], "RayService")["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    opts = cluster["autoscalerOptions"]
+    assert opts["upscalingMode"] in ("Default", "Aggressive", "Conservative")
+    assert opts["idleTimeoutSeconds"] > 0
+    lines = (K8S / "templates" / "rayservice.yaml.in").read_text().splitlines()
+    for field in ("upscalingMode:", "idleTimeoutSeconds:", "upgradeStrategy:"):
+        i = next(n for n, line in enumerate(lines) if line.strip().startswith(field))
+        assert "#" in lines[i] or lines[i - 1].strip().startswith("#"), f"{field} has no comment saying why"
+
+
+# --------------------------------------------------------------------------- security
+
+
+def _container_contexts(rs: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(where, container securityContext, pod securityContext) for every container KubeRay will run."""
+    out = []
+    for group, template in pod_templates(rs).items():
+        pod_sc = template["spec"].get("securityContext") or {}
+        for c in template["spec"].get("containers", []) + template["spec"].get("initContainers", []):
+            out.append((f"{group}/{c['name']}", c.get("securityContext") or {}, pod_sc))
+    head_pod_sc = pod_templates(rs)["head"]["spec"].get("securityContext") or {}
+    autoscaler = rs["spec"]["rayClusterConfig"]["autoscalerOptions"].get("securityContext") or {}
+    out.append(("head/autoscaler", autoscaler, head_pod_sc))
+    return out
+
+
+def test_every_container_is_locked_down(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    rs = one(rendered[1], "RayService")
+    for where, sc, pod_sc in _container_contexts(rs):
+        assert pod_sc.get("seccompProfile") == {"type": "RuntimeDefault"}, where
+        assert sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True, where
+        assert sc.get("runAsUser", pod_sc.get("runAsUser")) not in (None, 0), where
+        assert sc.get("allowPrivilegeEscalation") is False, where
+        assert sc.get("capabilities", {}).get("drop") == ["ALL"] and not sc["capabilities"].get("add"), where
+        assert sc.get("readOnlyRootFilesystem") is True, where
+        assert not sc.get("privileged"), where
+
+
+def test_the_places_ray_writes_are_emptydirs(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    rs = one(rendered[1], "RayService")
+    cluster = rs["spec"]["rayClusterConfig"]
+    groups = {"head": cluster["headGroupSpec"], **{g["groupName"]: g for g in cluster["workerGroupSpecs"]}}
+    for name, group in groups.items():
+        spec = group["template"]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        ray = spec["containers"][0]
+        mounts = {m["mountPath"]: volumes[m["name"]] for m in ray["volumeMounts"]}
+        assert {"/tmp", "/dev/shm", "/home/ray/.cache"} <= set(mounts), name
+        assert all("emptyDir" in v for v in mounts.values()), name
+        shm = mounts["/dev/shm"]["emptyDir"]
+        store = int(group["rayStartParams"]["object-store-memory"])
+        assert shm["medium"] == "Memory" and quantity(shm["sizeLimit"]) >= store, f"{name}: /dev/shm < object store"
+        assert quantity(ray["resources"]["limits"]["memory"]) >= quantity(shm["sizeLimit"]) + 4 * 2**30, name
+        assert not ray.get("readinessProbe") and not ray.get("livenessProbe"), f"{name}: leave probes to KubeRay"
+    head_volumes = {v["name"] for v in cluster["headGroupSpec"]["template"]["spec"]["volumes"]}
+    assert {m["name"] for m in cluster["autoscalerOptions"]["volumeMounts"]} <= head_volumes
+
+
+def test_requests_equal_limits(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    rs = one(rendered[1], "RayService")
+    resources = [
+        (f"{g}/{c['name']}", c["resources"]) for g, t in pod_templates(rs).items() for c in t["spec"]["containers"]
+    ]
+    resources.append(("autoscaler", rs["spec"]["rayClusterConfig"]["autoscalerOptions"]["resources"]))
+    for where, res in resources:
+        for kind in ("cpu", "memory"):
+            assert quantity(res["requests"][kind]) == quantity(res["limits"][kind]), f"{where}: {kind}"
+        assert res["requests"] == res["limits"], where
+
+
+def test_ray_ports_stay_inside_the_cluster(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    docs = rendered[1]
+    rs = one(docs, "RayService")
+    head = rs["spec"]["rayClusterConfig"]["headGroupSpec"]
+    assert head["serviceType"] == "ClusterIP" and not head.get("enableIngress")
+    assert head.get("headService", {}).get("spec", {}).get("type", "ClusterIP") == "ClusterIP"
+    assert rs["spec"].get("serveService", {}).get("spec", {}).get("type", "ClusterIP") == "ClusterIP"
+    for svc in (d for d in docs if d["kind"] == "Service"):
+        assert svc["spec"].get("type", "ClusterIP") == "ClusterIP", svc["metadata"]["name"]
+    port = serve_config(rs)["http_options"]["port"]
+    backends = [
+        p["backend"]["service"]
+        for ing in (d for d in docs if d["kind"] == "Ingress")
+        for rule in ing["spec"]["rules"]
+        for p in rule["http"]["paths"]
+    ]
+    assert backends and all(b == {"name": SERVE_SVC, "port": {"number": port}} for b in backends)
+    assert f"{rs['metadata']['name']}-serve-svc" == SERVE_SVC
+
+
+def test_ray_containers_declare_the_ports_kuberay_reads(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    rs = one(rendered[1], "RayService")
+    serve_port = serve_config(rs)["http_options"]["port"]
+    for group, template in pod_templates(rs).items():
+        ports = {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
+        assert ports["serve"] == serve_port and ports["metrics"] == 8080, group
+        assert "client" not in ports, f"{group}: the Ray client port is not served"
+        if group == "head":
+            assert ports["gcs-server"] == 6379 and ports["dashboard"] == 8265
+
+
+def _peers_for(policies: list[dict[str, Any]], pod_labels: dict[str, str], port: int) -> list[dict[str, Any]]:
+    peers = []
+    for pol in policies:
+        if not pol["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items():
+            continue
+        for rule in pol["spec"].get("ingress", []):
+            assert rule.get("from"), f"{pol['metadata']['name']}: a rule without `from` admits everyone"
+            if not rule.get("ports") or any(p["port"] == port for p in rule["ports"]):
+                peers += rule["from"]
+    return peers
+
+
+def _namespaces(peer: dict[str, Any]) -> set[str]:
+    sel = peer["namespaceSelector"]
+    names = {v for k, v in sel.get("matchLabels", {}).items() if k == "kubernetes.io/metadata.name"}
+    for expr in sel.get("matchExpressions", []):
+        assert expr["key"] == "kubernetes.io/metadata.name" and expr["operator"] == "In", expr
+        names |= set(expr["values"])
+    assert names, f"namespaces must be named: {peer}"
+    return names
+
+
+def test_network_policy_admits_only_named_sources(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    docs = rendered[1]
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    templates = pod_templates(one(docs, "RayService"))
+    for group, template in templates.items():
+        labels = dict(template["metadata"]["labels"], **{"ray.io/node-type": "head" if group == "head" else "worker"})
+        assert any(p["spec"]["podSelector"]["matchLabels"].items() <= labels.items() for p in policies), group
+        outside: dict[int, set[str]] = {}
+        for port in (8000, 8080, 8265, 6379):
+            peers = _peers_for(policies, labels, port)
+            for peer in peers:
+                if "namespaceSelector" not in peer:  # same namespace: only this service's Ray pods
+                    assert peer["podSelector"]["matchLabels"] == APP_LABEL, peer
+            outside[port] = set().union(*[_namespaces(p) for p in peers if "namespaceSelector" in p])
+        assert outside[8000] == {"ingress-nginx"}, (group, outside)
+        assert outside[8080] == {"monitoring"}, (group, outside)
+        assert outside[6379] == set(), (group, outside)
+        assert outside[8265] == ({"kuberay-system"} if group == "head" else set()), (group, outside)
+
+
+def test_pod_monitor_scrapes_the_metrics_port_of_every_ray_pod(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    docs = rendered[1]
+    monitor = one(docs, "PodMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    for group, template in pod_templates(one(docs, "RayService")).items():
+        assert selector.items() <= template["metadata"]["labels"].items(), group
+        names = {p["name"] for p in template["spec"]["containers"][0]["ports"]}
+        assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= names, group
+
+
+def test_namespace_enforces_the_restricted_pod_security_standard(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    ns = one(rendered[1], "Namespace")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert {d["metadata"].get("namespace") for d in rendered[1] if d["kind"] != "Namespace"} == {ns["metadata"]["name"]}
+
+
+# --------------------------------------------------------------------------- the image
+
+
+def dockerfile(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(
+        r"\\\n", " ", "\n".join(ln for ln in path.read_text().splitlines() if not ln.lstrip().startswith("#"))
+    )
+    return [(ln.split(None, 1)[0].upper(), ln.split(None, 1)[1].strip()) for ln in text.splitlines() if ln.strip()]
+
+
+def test_dockerfile_builds_on_the_pinned_ray_and_runs_as_non_root() -> None:
+    steps = dockerfile(K8S / "Dockerfile")
+    args = dict(a.split("=", 1) for i, a in steps[: [i for i, _ in steps].index("FROM")] if i == "ARG")
+    base = next(a for i, a in steps if i == "FROM")
+    base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], base)
+    ray = k8s.ray_version(_pyproject())
+    assert args["RAY_PLATFORM"] == k8s.GPU_PLATFORM
+    assert re.fullmatch(rf"rayproject/ray:{re.escape(ray)}-py3\d+-{k8s.GPU_PLATFORM}", base), base
+    users = [a for i, a in steps if i == "USER"]
+    assert users, "no USER: the image would run as root"
+    user = users[-1].split(":")[0]
+    assert user.isdigit() and int(user) != 0, f"final USER {users[-1]!r} must be a numeric non-root uid"
+    runs = [a for i, a in steps if i == "RUN"]
+    assert any("python -m app.models build" in r and "python -m app.models quantize" in r for r in runs)
+    assert any(r.startswith("pip install") for r in runs)
+
+
+def test_the_image_builds_models_where_prod_yaml_looks_for_them() -> None:
+    steps = dockerfile(K8S / "Dockerfile")
+    env = " ".join(a for i, a in steps if i == "ENV")
+    model_dir = re.search(r"APP_MODEL_DIR=(\S+)", env)
+    assert model_dir, "the Dockerfile must set APP_MODEL_DIR"
+    args = yaml.safe_load(PROD.read_text())["applications"][0]["args"]
+    paths = [v["model_path"] for v in args["variants"].values()] + [args["labels_path"]]
+    assert {str(Path(p).parent) for p in paths} == {model_dir.group(1)}
+    assert args["build_default_models"] is False, "a cluster never builds models at start"
+
+
+def test_the_build_context_is_only_what_the_dockerfile_copies() -> None:
+    ignore = (K8S / "Dockerfile.dockerignore").read_text().split()
+    assert ignore[ignore.index("*") :][:4] == ["*", "!pyproject.toml", "!README.md", "!app/"]
+    copied = [a for i, a in dockerfile(K8S / "Dockerfile") if i == "COPY"]
+    sources = {s for c in copied for s in c.split()[:-1] if not s.startswith("--")}
+    assert sources == {"pyproject.toml", "README.md", "app"}
