@@ -26,6 +26,7 @@ import numpy as np
 import ray
 from ray import serve
 from ray.exceptions import RayActorError, TaskCancelledError
+from ray.serve._private.common import ReplicaState
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, RequestCancelledError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.requests import Request
@@ -38,7 +39,7 @@ from app.errors import ServiceError, find_service_error
 from app.metrics import STAGES, ClassifierMetrics, RouterMetrics
 from app.multipart import parse_multipart
 from app.preprocess import preprocess, probe_dimensions
-from app.routing import Choice, WeightedSplit, choose_variant, failover_order
+from app.routing import Choice, VariantHealth, WeightedSplit, candidates, choose_variant
 from app.runtime import CPU, CUDA, ModelLoadError, ModelRunner, RuntimeOptions, summarize_profile, threads_for
 
 logger = logging.getLogger("ray.serve")
@@ -494,6 +495,8 @@ class Router:
         self._flusher: asyncio.Task[None] | None = None
         self._in_flight = 0
         self._shadows: set[asyncio.Task[None]] = set()
+        self.health = VariantHealth()
+        self._poller: asyncio.Task[None] | None = None
         self.routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
             ("POST", "/v1/classify"): self.classify,
             ("POST", "/v1/classify/batch"): self.classify_batch,
@@ -965,46 +968,73 @@ class Router:
         choice: Choice | None = None,
         full: bool = False,
     ) -> tuple[Scores, str, bool, DeploymentResponse | None]:
+        """Run the chain on the chosen variant; on a replica failure retry once, elsewhere when possible.
+
+        "Elsewhere" is the next healthy variant when failover is on, else the same variant
+        (Serve routes the retry to another replica, or to the replacement). A variant known
+        to be down is skipped without waiting for it.
+        """
         assert self.cfg is not None and self.split is not None
-        cfg = self.cfg
+        self._ensure_health_poller()
         choice = choice or self._choose(request)
-        deadline = t0 + cfg.inference_timeout_s
-        candidates = [choice.variant]
-        if cfg.failover and choice.reason not in ("override", "model"):
-            candidates += failover_order(choice.variant, self.variants, self.split)
-        last: ServiceError | None = None
-        for n, variant in enumerate(candidates):
+        deadline = t0 + self.cfg.inference_timeout_s
+        order = candidates(choice, self.variants, self.split, self.cfg.failover, self.health, time.monotonic())
+        if not order:
+            err = ServiceError("variant_unavailable", f"variant {choice.variant} has no healthy replica; retry shortly")
+            err.variant = choice.variant  # type: ignore[attr-defined]
+            raise err
+        tries = order if len(order) > 1 else order * 2  # one retry: elsewhere if we can, else the same again
+        failure: BaseException | None = None
+        for n, variant in enumerate(tries[:2]):
+            if n and time.perf_counter() >= deadline:
+                break
             try:
-                scores, pixels = await self._chain_with_retry(variant, method, payload, top_k, deadline, full)
-                return scores, choice.reason, n > 0, pixels
+                scores, pixels = await self._chain(variant, method, payload, top_k, deadline, full)
+                return scores, choice.reason, variant != choice.variant, pixels
+            except _REPLICA_FAILURES as e:
+                self.health.mark_failed(variant, time.monotonic())
+                logger.warning(
+                    "Classifier_%s or the Preprocessor failed mid-request (%s)%s",
+                    variant,
+                    type(e).__name__,
+                    "; retrying once" if n == 0 else "",
+                )
+                failure = e
             except ServiceError as e:
                 e.variant = variant  # type: ignore[attr-defined]
-                if e.code not in ("variant_unavailable", "replica_failed") or time.perf_counter() >= deadline:
-                    raise
-                logger.warning(
-                    "variant %s unavailable (%s); %s",
-                    variant,
-                    e.message,
-                    "failing over" if n + 1 < len(candidates) else "no other variant to try",
-                )
-                last = e
-        assert last is not None
-        raise last
+                raise
+        unavailable = isinstance(failure, DeploymentUnavailableError)
+        err = ServiceError(
+            "variant_unavailable" if unavailable else "replica_failed",
+            f"Classifier_{choice.variant} or the Preprocessor failed ({type(failure).__name__}) and the retry too",
+        )
+        err.variant = choice.variant  # type: ignore[attr-defined]
+        raise err
 
-    async def _chain_with_retry(
-        self, variant: str, method: str, payload: Any, top_k: int, deadline: float, full: bool = False
-    ) -> tuple[Scores, DeploymentResponse | None]:
-        for attempt in (1, 2):
+    def _ensure_health_poller(self) -> None:
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.get_running_loop().create_task(self._poll_health())
+
+    async def _poll_health(self) -> None:
+        """Once a second, how many RUNNING replicas each Classifier has, from the Serve controller."""
+        try:
+            app_name = serve.get_replica_context().app_name
+        except Exception:
+            return
+        while True:
             try:
-                return await self._chain(variant, method, payload, top_k, deadline, full)
-            except _REPLICA_FAILURES as e:
-                unavailable = isinstance(e, DeploymentUnavailableError)
-                if attempt == 2 or unavailable or time.perf_counter() >= deadline:
-                    code = "variant_unavailable" if unavailable else "replica_failed"
-                    failed = f"Classifier_{variant} or the Preprocessor failed: {type(e).__name__}"
-                    raise ServiceError(code, failed) from e
-                logger.warning("replica failed mid-request (%s); retrying once", type(e).__name__)
-        raise AssertionError("unreachable")
+                status = await asyncio.to_thread(serve.status)
+                deployments = status.applications[app_name].deployments
+                self.health.set_running(
+                    {
+                        v: int(deployments[f"Classifier_{v}"].replica_states.get(ReplicaState.RUNNING, 0))
+                        for v in self.variants
+                        if f"Classifier_{v}" in deployments
+                    }
+                )
+            except Exception as e:  # the controller restarting must not take the Router down
+                logger.debug("health poll failed: %s", e)
+            await asyncio.sleep(1.0)
 
     async def _chain(
         self, variant: str, method: str, payload: Any, top_k: int, deadline: float, full: bool = False

@@ -73,3 +73,48 @@ def failover_order(chosen: str, known: list[str], split: WeightedSplit) -> list[
     """Other variants to try when `chosen` is down: weighted ones first, by weight, then the rest."""
     others = [v for v in known if v != chosen]
     return sorted(others, key=lambda v: (-split.fractions.get(v, 0.0), v))
+
+
+class VariantHealth:
+    """Which variants can take a request now, so a dead variant costs a fast 503 or a failover, not a wait.
+
+    Two signals: a replica failure seen on the request path marks the variant down for
+    `hold_s` (renewed by every further failure), and the controller's count of RUNNING
+    replicas (polled by the Router) marks it down while it has none. Either clears by itself:
+    the hold expires, and the count comes back when Serve has replaced the replicas.
+    """
+
+    # Serve's controller health-checks replicas every 10 s by default, so it can take that long to
+    # stop counting a dead replica as RUNNING; a failure seen on the request path bridges the gap.
+    def __init__(self, hold_s: float = 10.0) -> None:
+        self.hold_s = hold_s
+        self.down_until: dict[str, float] = {}
+        self.running: dict[str, int] = {}
+
+    def mark_failed(self, variant: str, now: float) -> None:
+        self.down_until[variant] = now + self.hold_s
+
+    def set_running(self, counts: Mapping[str, int]) -> None:
+        self.running = dict(counts)
+
+    def has_replicas(self, variant: str) -> bool:
+        return self.running.get(variant, 1) > 0
+
+    def available(self, variant: str, now: float) -> bool:
+        return self.has_replicas(variant) and self.down_until.get(variant, 0.0) <= now
+
+
+def candidates(
+    choice: Choice, known: list[str], split: WeightedSplit, failover: bool, health: VariantHealth, now: float
+) -> list[str]:
+    """Variants to try, in order: the chosen one if it is up, then (with failover) the others that are up.
+
+    A recent failure only steers traffic away when another variant can take it; with no
+    alternative, a variant is still tried unless the controller says it has no replica at all.
+    A forced choice (override header, or a V2 model name) never fails over.
+    """
+    order = [choice.variant]
+    if failover and choice.reason not in ("override", "model"):
+        order += failover_order(choice.variant, known, split)
+    healthy = [v for v in order if health.available(v, now)]
+    return healthy or [v for v in order if health.has_replicas(v)]

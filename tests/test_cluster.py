@@ -9,8 +9,15 @@ ONNX Runtime cannot use: it must fall back to CPU and say so, or refuse to start
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import copy
+import random
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,6 +34,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 PORT = 18100
 URL = f"http://127.0.0.1:{PORT}"
+IMAGE = sample_bytes("chelsea")
 
 
 def prod_for_test(model_files: ModelFiles) -> dict[str, Any]:
@@ -46,6 +54,14 @@ def prod_for_test(model_files: ModelFiles) -> dict[str, Any]:
         if d["name"].startswith("Classifier_"):
             d["user_config"]["max_batch_size"] = 4  # warm-up of 1..64 on one CPU thread takes a minute
             d["user_config"]["max_concurrent_batches"] = 1
+            # Queue bounds are throughput x acceptable wait: prod's are sized for a GPU (~1000 img/s);
+            # one CPU thread does ~60 img/s here, so the same wait needs queues ~20x shorter.
+            d["max_ongoing_requests"] = 8
+            d["max_queued_requests"] = 16
+        if d["name"] == "Preprocessor":
+            d["max_queued_requests"] = 32
+    router = next(d for d in app["deployments"] if d["name"] == "Router")
+    router["user_config"]["max_in_flight"] = 48
     return cfg
 
 
@@ -105,3 +121,164 @@ def test_prod_config_serves_end_to_end(cluster: dict[str, Any]) -> None:
     )
     assert r.status_code == 200, r.text
     assert r.json()["predictions"][0]["class_id"] == 652
+
+
+# --------------------------------------------------------------------------- faults
+
+
+@dataclass
+class Outcome:
+    t: float  # seconds since the run started
+    status: int
+    latency: float
+    code: str
+    retry_after: str | None
+    failover: bool
+
+
+async def _one(client: httpx.AsyncClient, t0: float, out: list[Outcome]) -> None:
+    start = time.perf_counter()
+    try:
+        r = await client.post("/v1/classify", content=IMAGE, headers={"Content-Type": "image/png"})
+        status = r.status_code
+        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+        code = body.get("error", {}).get("code", "") if status != 200 else ""
+        out.append(
+            Outcome(
+                start - t0,
+                status,
+                time.perf_counter() - start,
+                code,
+                r.headers.get("retry-after"),
+                bool(body.get("failover")),
+            )
+        )
+    except httpx.HTTPError as e:
+        out.append(Outcome(start - t0, 0, time.perf_counter() - start, type(e).__name__, None, False))
+
+
+async def closed_loop(seconds: float, concurrency: int, out: list[Outcome]) -> None:
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient(base_url=URL, timeout=30) as client:
+
+        async def worker() -> None:
+            while time.perf_counter() - t0 < seconds:
+                await _one(client, t0, out)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def open_loop(rate: float, seconds: float, out: list[Outcome]) -> None:
+    """Poisson arrivals at `rate`/s for `seconds`, whatever the server does (bounded count)."""
+    rng = random.Random(11)
+    t0 = time.perf_counter()
+    limits = httpx.Limits(max_connections=400, max_keepalive_connections=400)
+    async with httpx.AsyncClient(base_url=URL, timeout=30, limits=limits) as client:
+        tasks, next_at = [], 0.0
+        while next_at < seconds and len(tasks) < int(rate * seconds * 2):
+            delay = t0 + next_at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)  # the arrival schedule, not synchronisation
+            tasks.append(asyncio.create_task(_one(client, t0, out)))
+            next_at += rng.expovariate(rate)
+        await asyncio.gather(*tasks)
+
+
+def in_thread(coro_fn: Any, *args: Any) -> threading.Thread:
+    th = threading.Thread(target=lambda: asyncio.run(coro_fn(*args)), daemon=True)
+    th.start()
+    return th
+
+
+def replica_of(deployment: str) -> str:
+    handle = serve.get_deployment_handle(deployment, app_name="classifier")
+    return handle.describe.remote().result(timeout_s=60)["replica_id"]
+
+
+def kill_replica(deployment: str, replica_id: str) -> None:
+    actor = ray.get_actor(f"SERVE_REPLICA::classifier#{deployment}#{replica_id}", namespace="serve")
+    ray.kill(actor, no_restart=True)
+
+
+def replica_rss_mb() -> dict[str, float]:
+    """Resident memory of every Serve replica process on this machine, by process title."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            title = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            if title.startswith("ray::ServeReplica"):
+                rss = next(line for line in (proc / "status").read_text().splitlines() if line.startswith("VmRSS"))
+                out[f"{title}#{proc.name}"] = int(rss.split()[1]) / 1024
+        except (OSError, StopIteration):
+            continue
+    return out
+
+
+def test_a_classifier_replica_killed_under_load_is_replaced_and_requests_survive(cluster: dict[str, Any]) -> None:
+    old = replica_of("Classifier_fp32")
+    out: list[Outcome] = []
+    load = in_thread(closed_loop, 25.0, 4, out)
+    wait_until(lambda: len(out) >= 20, 30, 0.2, "steady load running")
+    killed_at = time.monotonic()
+    kill_replica("Classifier_fp32", old)
+    new = wait_until(lambda: (r := replica_of("Classifier_fp32")) != old and r, 60, 0.5, "replacement replica")
+    recovery_s = time.monotonic() - killed_at
+    load.join(60)
+    ok = sum(o.status == 200 for o in out)
+    assert ok / len(out) >= 0.99, collections.Counter((o.status, o.code) for o in out)
+    assert max(o.latency for o in out) < cluster["cfg"]["http_options"]["request_timeout_s"]
+    assert recovery_s < 30, recovery_s
+    assert new != old
+    # while fp32 was down, its share was served by int8 and said so
+    assert any(o.failover for o in out)
+
+
+def test_losing_the_gpu_node_gives_fast_503s_and_a_new_gpu_node_recovers(cluster: dict[str, Any]) -> None:
+    c: Cluster = cluster["cluster"]
+    c.remove_node(cluster["gpu"])
+    # Every Classifier is gone with the node: after the Router notices, answers are fast JSON 503s.
+    wait_until(lambda: asyncio.run(_probe()).status == 503, 60, 0.5, "503 after node loss")
+    out: list[Outcome] = []
+    asyncio.run(closed_loop(5.0, 4, out))
+    assert {o.status for o in out} == {503}, collections.Counter((o.status, o.code) for o in out)
+    assert all(o.retry_after for o in out)
+    latencies = sorted(o.latency for o in out)
+    assert latencies[len(latencies) // 2] < 0.5 and latencies[int(len(latencies) * 0.99)] < 2.0, latencies[-5:]
+    # A new GPU node joins: Serve places the pending replicas there, no redeploy.
+    cluster["gpu"] = c.add_node(num_cpus=2, num_gpus=1)
+    wait_until(lambda: asyncio.run(_probe()).status == 200, 180, 1.0, "recovery on the new GPU node")
+    assert node_ids_of("Classifier_fp32", 6) == {cluster["gpu"].node_id}
+
+
+async def _probe() -> Outcome:
+    out: list[Outcome] = []
+    async with httpx.AsyncClient(base_url=URL, timeout=30) as client:
+        await _one(client, time.perf_counter(), out)
+    return out[0]
+
+
+def test_overload_at_four_times_capacity_sheds_fast_and_stays_healthy(cluster: dict[str, Any]) -> None:
+    wait_until(lambda: httpx.get(URL + "/readyz", timeout=5).status_code == 200, 120, 1.0, "ready")
+    sat: list[Outcome] = []
+    asyncio.run(closed_loop(6.0, 16, sat))
+    capacity = sum(o.status == 200 for o in sat if o.t > 1.0) / 5.0
+    assert capacity > 5, capacity
+    memory_before = sum(replica_rss_mb().values())
+    out: list[Outcome] = []
+    asyncio.run(open_loop(4 * capacity, 20.0, out))
+    by = collections.Counter((o.status, o.code) for o in out)
+    assert set(s for s, _ in by) <= {200, 503}, by
+    shed = sorted(o.latency for o in out if o.code == "overloaded")
+    accepted = sorted(o.latency for o in out if o.status == 200)
+    assert shed and accepted, by
+    assert shed[int(len(shed) * 0.99)] < 1.0, shed[-5:]  # excess is refused at once ...
+    assert all(o.retry_after == "1" for o in out if o.status == 503)  # ... with Retry-After
+    timeout_s = cluster["cfg"]["applications"][0]["deployments"][0]["user_config"]["inference_timeout_s"]
+    assert accepted[int(len(accepted) * 0.99)] < timeout_s  # accepted work is not starved
+    assert by[(503, "inference_timeout")] <= 0.01 * len(out), by
+    memory_after = sum(replica_rss_mb().values())
+    assert memory_after - memory_before < 300, (memory_before, memory_after)  # queues are bounded
+    assert httpx.get(URL + "/readyz", timeout=10).status_code == 200
+    assert asyncio.run(_probe()).status == 200

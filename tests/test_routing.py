@@ -71,3 +71,33 @@ def test_failover_order_prefers_weighted_variants() -> None:
     split = WeightedSplit({"a": 1, "b": 3, "c": 0})
     assert failover_order("a", ["a", "b", "c"], split) == ["b", "c"]
     assert failover_order("b", ["a", "b", "c"], split) == ["a", "c"]
+
+
+def test_health_hold_expires_and_running_count_gates() -> None:
+    from app.routing import VariantHealth
+
+    h = VariantHealth(hold_s=2.0)
+    assert h.available("int8", 0.0)  # unknown counts are assumed up until the first poll
+    h.mark_failed("int8", 10.0)
+    assert not h.available("int8", 11.0) and h.available("int8", 12.1)
+    h.set_running({"int8": 0, "fp32": 1})
+    assert not h.available("int8", 100.0) and h.available("fp32", 100.0)
+
+
+def test_candidates_skip_down_variants_and_never_fail_over_a_forced_choice() -> None:
+    from app.routing import Choice, VariantHealth, candidates
+
+    split = WeightedSplit({"int8": 1, "fp32": 3})
+    h = VariantHealth()
+    known = ["fp32", "int8"]
+    assert candidates(Choice("int8", "weighted"), known, split, True, h, 0) == ["int8", "fp32"]
+    assert candidates(Choice("int8", "weighted"), known, split, False, h, 0) == ["int8"]
+    h.set_running({"int8": 0, "fp32": 1})
+    assert candidates(Choice("int8", "sticky"), known, split, True, h, 0) == ["fp32"]
+    assert candidates(Choice("int8", "override"), known, split, True, h, 0) == []
+    assert candidates(Choice("int8", "model"), known, split, True, h, 0) == []
+    # a recent failure with no alternative: still tried (other replicas may serve it)
+    h.set_running({"int8": 1, "fp32": 1})
+    h.mark_failed("int8", 0.0)
+    assert candidates(Choice("int8", "override"), known, split, True, h, 1.0) == ["int8"]
+    assert candidates(Choice("int8", "weighted"), known, split, True, h, 1.0) == ["fp32"]
