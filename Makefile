@@ -13,8 +13,8 @@ models:             ## build FP32 + INT8 and write the quality report
 	$(PY) -m app.models build
 	$(PY) -m app.models quantize
 
-serve: models       ## the app on this machine, CPU only
-	serve run configs/local.yaml
+serve: models       ## the app on this machine, CPU only (HAProxy in front: see README "Performance")
+	RAY_SERVE_ENABLE_HA_PROXY=1 serve run configs/local.yaml
 
 test:               ## the whole test suite (slow and multi-node included), as CI runs it
 	$(PY) -m pytest -q

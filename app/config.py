@@ -68,6 +68,9 @@ class AppArgs(_Strict):
     )
     require_gpu: bool = Field(False, description="a Classifier that ends up on CPU fails to start")
     gpu_mem_limit_bytes: int | None = Field(None, gt=0, description="ONNX Runtime CUDA arena limit per replica")
+    intra_op_threads: int | None = Field(
+        None, gt=0, le=256, description="ONNX Runtime threads per Classifier; default: the replica's num_cpus"
+    )
     limits: Limits = Field(default_factory=Limits)
 
     @field_validator("variants")
@@ -100,6 +103,12 @@ class RouterConfig(_Strict):
     inference_timeout_s: float = Field(10.0, gt=0, description="deadline per request, from arrival (503 beyond)")
     shadow_fraction: float = Field(0.0, ge=0, le=1, description="share of requests also run on the other variant")
     max_shadow_in_flight: int = Field(8, ge=0, description="shadow runs in flight per Router; beyond, dropped")
+    coalesce_max: int = Field(
+        16, gt=0, le=256, description="single-image requests sent down the chain together (1: one call each)"
+    )
+    max_groups_in_flight: int = Field(
+        2, gt=0, le=64, description="groups per variant in flight at once; arrivals meanwhile form the next group"
+    )
     max_in_flight: int = Field(
         192, gt=0, description="requests in flight per Router replica; beyond, an immediate JSON 503 (load shedding)"
     )

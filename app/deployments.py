@@ -9,7 +9,9 @@ back through the Router. Only the top-k scores come back.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
+import functools
 import gc
 import logging
 import random
@@ -227,6 +229,7 @@ class Classifier:
         device: str = "auto",
         require_gpu: bool = False,
         gpu_mem_limit_bytes: int | None = None,
+        intra_op_threads: int | None = None,
     ) -> None:
         self.variant = variant
         resources = ray.get_runtime_context().get_assigned_resources()
@@ -234,7 +237,7 @@ class Classifier:
         gpu_ids = ray.get_gpu_ids()
         prefer_gpu = device == "cuda" or (device == "auto" and bool(gpu_ids))
         opts = RuntimeOptions(
-            threads=threads_for(self.num_cpus),
+            threads=intra_op_threads or threads_for(self.num_cpus),
             prefer_gpu=prefer_gpu,
             require_gpu=require_gpu,
             gpu_mem_limit_bytes=gpu_mem_limit_bytes,
@@ -251,14 +254,7 @@ class Classifier:
         self._warmed_to = 0
         self._profile = _Profiling(variant, model_path, opts)
         self.metrics = ClassifierMetrics()
-        self.metrics.provider.set(
-            1,
-            tags={
-                "variant": variant,
-                "provider": self.runner.active_provider,
-                "requested": ",".join(self.runner.requested_providers),
-            },
-        )
+        self._report_provider()
         logger.info(
             "Classifier_%s loaded %s on %s (requested %s), %d intra-op threads",
             variant,
@@ -315,14 +311,19 @@ class Classifier:
 
     # -- requests ---------------------------------------------------------------------
 
-    async def __call__(self, pixels: Pixels, top_k: int, full: bool = False) -> Scores:
-        """Top-k per image; with `full`, the whole logits rows too (for the V2 protocol's outputs)."""
-        return await self._classify(pixels, top_k, full)
+    async def __call__(self, pixels: Pixels, top_k: int, full: bool = False, rows: list[int] | None = None) -> Scores:
+        """Top-k per image; with `full`, the whole logits rows too (for the V2 protocol's outputs).
 
-    async def _classify(self, pixels: Pixels, top_k: int, full: bool = False) -> Scores:
+        `rows` picks some images of `pixels` (a shadow run compares only the sampled ones).
+        """
+        return await self._classify(pixels, top_k, full, rows)
+
+    async def _classify(self, pixels: Pixels, top_k: int, full: bool = False, rows: list[int] | None = None) -> Scores:
         assert self._batch is not None and self.cfg is not None, "reconfigure runs before any request"
         arrived = time.perf_counter()
         array = self._check_pixels(pixels.array)
+        if rows is not None:
+            array = array[rows]
         step = self.cfg.max_batch_size
         chunks = [array[i : i + step] for i in range(0, len(array), step)] if len(array) else []
         done = await asyncio.gather(*(self._batch(_Item(c, arrived)) for c in chunks))
@@ -407,6 +408,17 @@ class Classifier:
     def check_health(self) -> None:
         if not self.runner.alive:
             raise RuntimeError(f"Classifier_{self.variant}: the ONNX Runtime session is gone")
+        self._report_provider()  # re-set with every health check so the series never goes stale
+
+    def _report_provider(self) -> None:
+        self.metrics.provider.set(
+            1,
+            tags={
+                "variant": self.variant,
+                "provider": self.runner.active_provider,
+                "requested": ",".join(self.runner.requested_providers),
+            },
+        )
 
 
 # --------------------------------------------------------------------------- A/B ledger
@@ -463,6 +475,18 @@ def _is_image_type(media_type: str) -> bool:
     return media_type.startswith("image/") or media_type in IMAGE_TYPES_EXTRA
 
 
+@dataclass
+class _Pending:
+    """A single-image request waiting in the Router for its group."""
+
+    data: bytes
+    top_k: int
+    t0: float  # arrival, for the deadline
+    future: asyncio.Future[tuple[Scores, int, bool, float]]
+    enqueued: float
+    choice: Choice
+
+
 SHADOW_TOP_K = 5  # the classifier always returns at least this many, so a shadow pair can compare top-5
 
 
@@ -497,6 +521,8 @@ class Router:
         self._shadows: set[asyncio.Task[None]] = set()
         self.health = VariantHealth()
         self._poller: asyncio.Task[None] | None = None
+        self._pending: dict[tuple[str, bool], list[_Pending]] = collections.defaultdict(list)
+        self._groups: dict[tuple[str, bool], int] = collections.defaultdict(int)
         self.routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
             ("POST", "/v1/classify"): self.classify,
             ("POST", "/v1/classify/batch"): self.classify_batch,
@@ -623,28 +649,38 @@ class Router:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_forever())
 
     def _maybe_shadow(self, primary: Scores, pixels: DeploymentResponse) -> None:
-        """Run the same pixels on the other variant, off the response path, and record agreement."""
+        """Run a sample of these images on the other variant, off the response path, and record agreement.
+
+        Each image is sampled with probability shadow_fraction; only the sampled rows are re-run.
+        """
         assert self.cfg is not None
-        if self.cfg.shadow_fraction <= 0 or len(self.variants) < 2 or self.rng.random() >= self.cfg.shadow_fraction:
+        f = self.cfg.shadow_fraction
+        if f <= 0 or len(self.variants) < 2:
+            return
+        rows = [i for i in range(len(primary.top)) if self.rng.random() < f]
+        if not rows:
             return
         other = next(v for v in self.variants if v != primary.variant)
         pair = "|".join(sorted((primary.variant, other)))
         if len(self._shadows) >= self.cfg.max_shadow_in_flight:  # shed shadows first under load
-            self.stats.record_dropped_shadow(primary.variant, other)
-            self.metrics.shadow.inc(tags={"pair": pair, "outcome": "dropped"})
+            for _ in rows:
+                self.stats.record_dropped_shadow(primary.variant, other)
+            self.metrics.shadow.inc(len(rows), tags={"pair": pair, "outcome": "dropped"})
             return
 
         async def run() -> None:
             try:
-                shadow = await self._call(self.classifiers[other].remote(pixels, SHADOW_TOP_K), 30.0)
+                shadow = await self._call(self.classifiers[other].remote(pixels, SHADOW_TOP_K, False, rows), 30.0)
             except Exception:
-                self.stats.record_dropped_shadow(primary.variant, other)
-                self.metrics.shadow.inc(tags={"pair": pair, "outcome": "failed"})
+                for _ in rows:
+                    self.stats.record_dropped_shadow(primary.variant, other)
+                self.metrics.shadow.inc(len(rows), tags={"pair": pair, "outcome": "failed"})
                 return
-            agree, overlap, dp = compare_top(primary.top[0], shadow.top[0])
-            self.stats.record_shadow(primary.variant, other, agree, overlap, dp)
-            self.metrics.shadow.inc(tags={"pair": pair, "outcome": "agree" if agree else "disagree"})
-            self.metrics.shadow_abs_dp.observe(dp, tags={"pair": pair})
+            for row, shadow_top in zip(rows, shadow.top, strict=True):
+                agree, overlap, dp = compare_top(primary.top[row], shadow_top)
+                self.stats.record_shadow(primary.variant, other, agree, overlap, dp)
+                self.metrics.shadow.inc(tags={"pair": pair, "outcome": "agree" if agree else "disagree"})
+                self.metrics.shadow_abs_dp.observe(dp, tags={"pair": pair})
 
         task = asyncio.get_running_loop().create_task(run())
         self._shadows.add(task)
@@ -673,23 +709,81 @@ class Router:
         top_k = parse_top_k(request.query_params.get("top_k"), self.limits.default_top_k, self.limits.max_top_k)
         data = await self._read_single_image(request)
         receive_ms = _ms(time.perf_counter() - t0)
+        choice = self._choose(request)
         try:
-            scores, reason, failed_over, pixels = await self._infer(request, "__call__", data, top_k, t0)
+            scores, row, failed_over, waited_ms = await self._coalesced(choice, data, top_k, t0)
         except ServiceError as e:
-            variant = getattr(e, "variant", "none")
-            if e.status >= 500 and variant != "none":
+            variant = getattr(e, "variant", choice.variant)
+            if e.status >= 500:
                 self.stats.record_request(variant, 0.0, ok=False)
-            logger.info("classify request_id=%s status=%d code=%s", request_id, e.status, e.code)
+            logger.info("classify request_id=%s variant=%s status=%d code=%s", request_id, variant, e.status, e.code)
             return self._error(endpoint, e, variant)
-        body = self._result_body(scores, 0, request_id, reason, failed_over, top_k)
+        body = self._result_body(scores, row, request_id, choice.reason, failed_over, top_k)
         total_ms = _ms(time.perf_counter() - t0)
-        body["timings_ms"] = {"receive": receive_ms, **body["timings_ms"], "total": total_ms}
+        timings = body["timings_ms"]
+        timings["queue"] = round(timings["queue"] + waited_ms, 3)  # waiting to be sent counts as queueing
+        body["timings_ms"] = {"receive": receive_ms, **timings, "total": total_ms}
         self._observe(endpoint, scores.variant, body["timings_ms"])
         self.stats.record_request(scores.variant, total_ms, ok=True)
-        if pixels is not None:
-            self._maybe_shadow(scores, pixels)
         logger.info("classify request_id=%s variant=%s status=200 total_ms=%.1f", request_id, scores.variant, total_ms)
         return _json(body, headers=self._headers(scores.variant, body["timings_ms"]))
+
+    # -- coalescing: concurrent single-image requests share one trip down the chain ----
+
+    async def _coalesced(self, choice: Choice, data: bytes, top_k: int, t0: float) -> tuple[Scores, int, bool, float]:
+        """Queue one image for its variant and wait for the group it rides in.
+
+        While a variant has max_groups_in_flight groups in flight, arrivals wait here and
+        leave together as the next group: one Preprocessor call and one Classifier call for
+        the lot. At low load a request leaves at once, alone, so nothing waits for company.
+        """
+        assert self.cfg is not None
+        key = (choice.variant, choice.reason in ("override", "model"))
+        item = _Pending(data, top_k, t0, asyncio.get_running_loop().create_future(), time.perf_counter(), choice)
+        self._pending[key].append(item)
+        self._send_groups(key)
+        return await item.future
+
+    def _send_groups(self, key: tuple[str, bool]) -> None:
+        assert self.cfg is not None
+        pending = self._pending[key]
+        while pending and self._groups[key] < self.cfg.max_groups_in_flight:
+            group, pending[:] = pending[: self.cfg.coalesce_max], pending[self.cfg.coalesce_max :]
+            self._groups[key] += 1
+            task = asyncio.get_running_loop().create_task(self._run_group(key, group))
+            task.add_done_callback(functools.partial(self._group_done, key))
+
+    def _group_done(self, key: tuple[str, bool], _task: asyncio.Task[None]) -> None:
+        self._groups[key] -= 1
+        self._send_groups(key)
+
+    async def _run_group(self, key: tuple[str, bool], group: list[_Pending]) -> None:
+        started = time.perf_counter()
+        live = [it for it in group if not it.future.done()]  # a client that went away is not sent
+        if not live:
+            return
+        top_k = max(it.top_k for it in live)
+        try:
+            scores, _, failed_over, pixels = await self._infer_choice(
+                live[0].choice, "many", [it.data for it in live], top_k, min(it.t0 for it in live)
+            )
+        except BaseException as e:
+            for it in live:
+                if not it.future.done():
+                    it.future.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
+            return
+        rows = {pos: row for row, pos in enumerate(scores.positions)}
+        for pos, it in enumerate(live):
+            if it.future.done():
+                continue
+            if pos in scores.errors:
+                it.future.set_exception(scores.errors[pos])
+            else:
+                it.future.set_result((scores, rows[pos], failed_over, _ms(started - it.enqueued)))
+        if pixels is not None and scores.positions:
+            self._maybe_shadow(scores, pixels)
 
     async def classify_batch(self, request: Request) -> Response:
         t0 = time.perf_counter()
@@ -968,6 +1062,12 @@ class Router:
         choice: Choice | None = None,
         full: bool = False,
     ) -> tuple[Scores, str, bool, DeploymentResponse | None]:
+        choice = choice or self._choose(request)
+        return await self._infer_choice(choice, method, payload, top_k, t0, full)
+
+    async def _infer_choice(
+        self, choice: Choice, method: str, payload: Any, top_k: int, t0: float, full: bool = False
+    ) -> tuple[Scores, str, bool, DeploymentResponse | None]:
         """Run the chain on the chosen variant; on a replica failure retry once, elsewhere when possible.
 
         "Elsewhere" is the next healthy variant when failover is on, else the same variant
@@ -975,8 +1075,6 @@ class Router:
         to be down is skipped without waiting for it.
         """
         assert self.cfg is not None and self.split is not None
-        self._ensure_health_poller()
-        choice = choice or self._choose(request)
         deadline = t0 + self.cfg.inference_timeout_s
         order = candidates(choice, self.variants, self.split, self.cfg.failover, self.health, time.monotonic())
         if not order:
@@ -993,6 +1091,7 @@ class Router:
                 return scores, choice.reason, variant != choice.variant, pixels
             except _REPLICA_FAILURES as e:
                 self.health.mark_failed(variant, time.monotonic())
+                self._ensure_health_poller()
                 logger.warning(
                     "Classifier_%s or the Preprocessor failed mid-request (%s)%s",
                     variant,
@@ -1014,14 +1113,20 @@ class Router:
     def _ensure_health_poller(self) -> None:
         if self._poller is None or self._poller.done():
             self._poller = asyncio.get_running_loop().create_task(self._poll_health())
+            self._poller.add_done_callback(lambda _t: self.health.set_running({}))
 
     async def _poll_health(self) -> None:
-        """Once a second, how many RUNNING replicas each Classifier has, from the Serve controller."""
+        """Once a second, how many RUNNING replicas each Classifier has, from the Serve controller.
+
+        Only while it matters: from a failure seen on the request path until every variant
+        has replicas again and 30 s have passed without a failure (the poll costs the
+        controller CPU that an idle 2-core machine should not spend).
+        """
         try:
             app_name = serve.get_replica_context().app_name
         except Exception:
             return
-        while True:
+        while self.health.recently_troubled(time.monotonic(), quiet_s=30.0):
             try:
                 status = await asyncio.to_thread(serve.status)
                 deployments = status.applications[app_name].deployments

@@ -75,6 +75,7 @@ def build_app(args: AppArgs) -> Application:
             args.device,
             args.require_gpu,
             args.gpu_mem_limit_bytes,
+            args.intra_op_threads,
         )
         for name, v in args.variants.items()
     }

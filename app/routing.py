@@ -97,6 +97,11 @@ class VariantHealth:
     def set_running(self, counts: Mapping[str, int]) -> None:
         self.running = dict(counts)
 
+    def recently_troubled(self, now: float, quiet_s: float) -> bool:
+        """A failure within quiet_s, or a variant the controller last saw with no replica."""
+        last = max(self.down_until.values(), default=float("-inf")) - self.hold_s
+        return now - last < quiet_s or any(n == 0 for n in self.running.values())
+
     def has_replicas(self, variant: str) -> bool:
         return self.running.get(variant, 1) > 0
 

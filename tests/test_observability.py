@@ -44,10 +44,21 @@ def ab_summary(url: str) -> dict[str, Any]:
     return httpx.get(url + "/v1/ab/summary", timeout=10).json()
 
 
+def settled(name: str, quiet_s: float = 6.0, **labels: str) -> float:
+    """The counter's value once earlier tests' traffic has finished reaching the exporter."""
+    history: list[tuple[float, float]] = []
+
+    def stable() -> float | None:
+        history.append((time.monotonic(), total(scrape(), name, **labels)))
+        same = [t for t, v in history if v == history[-1][1]]
+        return history[-1][1] + 1e-9 if history[-1][0] - same[0] >= quiet_s else None  # +1e-9: 0 is a value
+
+    return wait_until(stable, 60, 1.0, f"{name} settled") - 1e-9
+
+
 def test_metrics_reach_prometheus_with_labels_and_counts(local_app: ServeDeployer) -> None:
-    before = scrape()
-    ok_before = total(before, "ray_app_requests_total", endpoint="/v1/classify", variant="fp32", status="200")
-    err_before = total(before, "ray_app_errors_total", code="undecodable_image")
+    ok_before = settled("ray_app_requests_total", endpoint="/v1/classify", variant="fp32", status="200")
+    err_before = total(scrape(), "ray_app_errors_total", code="undecodable_image")
     for i in range(6):
         r = httpx.post(
             local_app.url + "/v1/classify",

@@ -1,0 +1,284 @@
+"""benchmarks/: the arithmetic, the corpus, the safety rails, the report writer, and one tiny live load run
+against the FastAPI baseline served in-process on an ephemeral loopback port. No Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from statistics import mean
+
+import pytest
+
+from app.models import ModelFiles
+from app.preprocess import probe_dimensions
+from benchmarks import multipart
+from benchmarks.corpus import SIZES, build_corpus, parse_sizes, render
+from benchmarks.load import (
+    NonLoopbackURL,
+    Workload,
+    batch_url,
+    build_payloads,
+    closed_step,
+    closed_sweep,
+    poisson_schedule,
+    read_reply,
+    require_loopback,
+)
+from benchmarks.report import markdown_table, steps_table
+from benchmarks.stats import knee, latency_summary, percentile, relative_spread
+
+# --- percentiles and the knee ----------------------------------------------------------------------------
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    values = list(range(1, 101))
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 99) == pytest.approx(99.01)
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([], 50) is None
+
+
+def test_latency_summary_is_in_milliseconds() -> None:
+    s = latency_summary([0.010, 0.020, 0.030])
+    assert s["p50_ms"] == pytest.approx(20.0)
+    assert s["max_ms"] == pytest.approx(30.0)
+    assert s["mean_ms"] == pytest.approx(20.0)
+    assert latency_summary([])["p99_ms"] is None
+
+
+def test_knee_is_the_smallest_batch_within_five_percent_of_the_best() -> None:
+    batches = [1, 2, 4, 8, 16, 32, 64]
+    assert knee(batches, [50, 90, 150, 190, 199, 200, 196]) == 8  # 190 >= 0.95 * 200
+    assert knee(batches, [50, 90, 150, 189, 199, 200, 196]) == 16  # 189 < 190
+    assert knee(batches, [100, 90, 80, 70, 60, 50, 40]) == 1  # batching never helps
+
+
+def test_knee_ignores_missing_points_and_rejects_mismatched_lengths() -> None:
+    assert knee([1, 2, 4], [10.0, float("nan"), 10.2]) == 1
+    assert knee([], []) is None
+    with pytest.raises(ValueError):
+        knee([1, 2], [1.0])
+
+
+def test_relative_spread() -> None:
+    assert relative_spread([90.0, 100.0, 110.0]) == pytest.approx(0.2)
+    assert relative_spread([1.0]) is None
+
+
+# --- the open-loop schedule ------------------------------------------------------------------------------
+
+
+def test_poisson_schedule_has_the_requested_mean_rate() -> None:
+    arrivals = poisson_schedule(rate=50.0, duration_s=1e9, max_requests=20_000, seed=1)
+    gaps = [b - a for a, b in zip([0.0, *arrivals], arrivals, strict=False)]
+    assert len(arrivals) == 20_000
+    assert mean(gaps) == pytest.approx(1 / 50.0, rel=0.03)
+    assert arrivals == sorted(arrivals)
+
+
+def test_poisson_schedule_is_bounded_by_time_and_count_and_seeded() -> None:
+    timed = poisson_schedule(rate=100.0, duration_s=2.0, max_requests=10_000, seed=3)
+    assert all(t < 2.0 for t in timed) and 120 < len(timed) < 280  # mean 200, sd ~14
+    assert len(poisson_schedule(rate=100.0, duration_s=60.0, max_requests=25)) == 25
+    assert timed == poisson_schedule(rate=100.0, duration_s=2.0, max_requests=10_000, seed=3)
+    with pytest.raises(ValueError):
+        poisson_schedule(rate=0, duration_s=1.0, max_requests=1)
+
+
+# --- the corpus -----------------------------------------------------------------------------------------
+
+
+def test_corpus_has_every_size_up_to_1080p() -> None:
+    corpus = build_corpus()
+    assert {(im.width, im.height) for im in corpus} == set(SIZES)
+    assert max(w * h for w, h in SIZES) == 1920 * 1080
+    for im in corpus:
+        info = probe_dimensions(im.data)
+        assert info is not None and (info.format, info.width, info.height) == ("jpeg", im.width, im.height)
+    assert len({im.name for im in corpus}) == len(corpus) >= 2 * len(SIZES)
+
+
+def test_corpus_is_deterministic_and_cached() -> None:
+    assert render("chelsea", 320, 240) == render("chelsea", 320, 240)
+    assert build_corpus() is build_corpus()
+
+
+def test_parse_sizes() -> None:
+    assert parse_sizes("320x240, 1920X1080") == ((320, 240), (1920, 1080))
+    with pytest.raises(ValueError):
+        parse_sizes("320by240")
+
+
+# --- requests and replies -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8000/v1/classify",
+        "http://127.9.8.7/v1/classify",
+        "http://[::1]:8000/v1/classify",
+        "http://localhost:8000/v1/classify",
+    ],
+)
+def test_loopback_urls_are_accepted(url: str) -> None:
+    assert require_loopback(url) == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://10.0.0.1:8000/v1/classify",
+        "http://192.0.2.10/v1/classify",
+        "http://0.0.0.0:8000/v1/classify",
+        "http://example.org/v1/classify",
+        "http://127.0.0.1.example.org/v1/classify",
+        "ftp://127.0.0.1/v1/classify",
+        "127.0.0.1:8000/v1/classify",
+    ],
+)
+def test_non_loopback_urls_are_refused(url: str) -> None:
+    with pytest.raises(NonLoopbackURL):
+        require_loopback(url)
+
+
+def test_a_sweep_refuses_a_remote_target_before_sending_anything() -> None:
+    with pytest.raises(NonLoopbackURL):
+        asyncio.run(closed_sweep(Workload(url="http://192.0.2.10:8000/v1/classify"), [1], 1.0, 0.0, 1, False))
+
+
+def test_batch_url_and_payloads() -> None:
+    assert batch_url("http://127.0.0.1:8000/v1/classify") == "http://127.0.0.1:8000/v1/classify/batch"
+    assert batch_url("http://127.0.0.1:8000/v1/classify/batch") == "http://127.0.0.1:8000/v1/classify/batch"
+    corpus = build_corpus()
+    single = build_payloads(corpus, 1)
+    assert single[0].body == corpus[0].data and single[0].content_type == "image/jpeg"
+    many = build_payloads(corpus, 16)
+    assert len(many) == len(corpus) and all(p.images == 16 for p in many)
+    boundary = multipart.boundary_of(many[0].content_type)
+    assert boundary is not None
+    parts = multipart.parse(many[0].body, boundary)
+    assert [p.data for p in parts] == [corpus[i % len(corpus)].data for i in range(16)]
+    assert {p.name for p in parts} == {"file"}
+
+
+def test_multipart_round_trip_keeps_bytes_that_look_like_delimiters() -> None:
+    tricky = b"\r\n--not-the-boundary\r\n\r\n" + bytes(range(256))
+    body, ctype = multipart.encode([("a.jpg", tricky, "image/jpeg"), ("b.jpg", b"", "image/png")])
+    assert multipart.files(body, ctype) == [tricky, b""]
+    assert multipart.files(b"raw", "image/jpeg") == []
+    with pytest.raises(multipart.MultipartError):
+        multipart.files(body[:-10], ctype)
+
+
+def test_read_reply_takes_variant_and_batch_sizes() -> None:
+    one = json.dumps({"variant": "int8", "timings_ms": {"batch_size": 4}}).encode()
+    assert read_reply(200, {"X-Model-Variant": "fp32"}, one) == ("fp32", [4])
+    assert read_reply(200, {}, one) == ("int8", [4])
+    many = json.dumps({"results": [{"timings_ms": {"batch_size": 16}}, {"error": {"code": "x"}}]}).encode()
+    assert read_reply(200, {}, many) == (None, [16])
+    assert read_reply(503, {"X-Model-Variant": "fp32"}, b"{}") == ("fp32", [])
+    assert read_reply(200, {}, b"not json") == (None, [])
+
+
+# --- the Markdown writer --------------------------------------------------------------------------------
+
+
+def test_markdown_table() -> None:
+    table = markdown_table(["target", "req/s", "note"], [["a|b", 12.345, None], ["c", 3, {"503": 2}]])
+    assert table == ("| target | req/s | note |\n|---|---|---|\n| a\\|b | 12.3 | n/a |\n| c | 3 | 503=2 |\n")
+    with pytest.raises(ValueError):
+        markdown_table(["one", "two"], [["only one"]])
+
+
+def test_steps_table_has_one_row_per_step() -> None:
+    step = {
+        "mode": "closed",
+        "concurrency": 4,
+        "images_per_request": 1,
+        "variant": "fp32",
+        "requests": 100,
+        "throughput_rps": 50.0,
+        "images_per_s": 50.0,
+        "latency_ms": {"p50_ms": 10.0, "p90_ms": 12.0, "p99_ms": 20.0, "max_ms": 25.0},
+        "errors": {"503": 1},
+        "variants": {"fp32": 99},
+        "median_batch_size": 1.0,
+    }
+    lines = steps_table([step, {**step, "mode": "open", "rate": 20.0}]).splitlines()
+    assert len(lines) == 4
+    assert lines[2].startswith("| c=4 | 1 | fp32 | 100 | 50.0 |") and "503=1" in lines[2]
+    assert lines[3].startswith("| 20/s open |")
+
+
+# --- one tiny live run against the FastAPI baseline -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fastapi_baseline(model_files: ModelFiles) -> Iterator[str]:
+    """The FastAPI + ONNX Runtime baseline on an ephemeral loopback port, in a thread of this process."""
+    import httpx
+    import uvicorn
+
+    from benchmarks.baselines.fastapi_onnx import create_app
+
+    app = create_app(device="cpu", threads=1, files=model_files)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while True:  # poll readiness against a deadline
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the FastAPI baseline did not become ready in 30 s"
+        thread.join(timeout=0.05)
+    yield url
+    server.should_exit = True
+    thread.join(timeout=10)
+    sock.close()
+
+
+def test_tiny_load_run_records_statuses_and_the_variant_split(fastapi_baseline: str) -> None:
+    url = f"{fastapi_baseline}/v1/classify"
+    small = ((320, 240), (640, 480))
+    int8 = asyncio.run(
+        closed_step(
+            Workload(url, "int8", sizes=small),
+            concurrency=2,
+            duration_s=30,
+            warmup_s=0,
+            max_requests=10,
+            progress=False,
+        )
+    )
+    served = asyncio.run(
+        closed_step(
+            Workload(url, None, sizes=small), concurrency=1, duration_s=30, warmup_s=0, max_requests=5, progress=False
+        )
+    )
+    assert (int8["requests"], int8["ok"], int8["errors"]) == (10, 10, {})
+    assert int8["variants"] == {"int8": 10}
+    assert int8["median_batch_size"] == 1
+    assert int8["latency_ms"]["p50_ms"] > 0 and int8["throughput_rps"] > 0
+    assert served["variants"] == {"fp32": 5}  # the server's default when no variant is forced
+    batch = asyncio.run(
+        closed_step(
+            Workload(url, "fp32", images_per_request=4, sizes=small),
+            concurrency=1,
+            duration_s=30,
+            warmup_s=0,
+            max_requests=2,
+            progress=False,
+        )
+    )
+    assert (batch["ok"], batch["median_batch_size"], batch["images_per_request"]) == (2, 4, 4)
