@@ -518,6 +518,7 @@ class Router:
         self.stats = ABStats()
         self._flusher: asyncio.Task[None] | None = None
         self._in_flight = 0
+        self._cancelled = 0
         self._shadows: set[asyncio.Task[None]] = set()
         self.health = VariantHealth()
         self._poller: asyncio.Task[None] | None = None
@@ -614,6 +615,7 @@ class Router:
                 },
                 "limits": self.limits.model_dump(),
                 "router_replica_id": self.replica_id,
+                "cancelled_requests": self._cancelled,
             }
         )
 
@@ -700,6 +702,12 @@ class Router:
         self._in_flight += 1
         try:
             return await self._classify(request, t0)
+        except asyncio.CancelledError:
+            # The client went away: Serve cancels this coroutine; a request still waiting for its group
+            # is dropped before it is sent, and Serve cancels a single request's downstream calls.
+            self._cancelled += 1
+            self.metrics.cancelled.inc()
+            raise
         finally:
             self._in_flight -= 1
 

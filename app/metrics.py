@@ -34,6 +34,7 @@ class RouterMetrics:
             tag_keys=("endpoint", "variant", "status"),
         )
         self.errors = Counter("app_errors_total", "Error responses by error code", tag_keys=("endpoint", "code"))
+        self.cancelled = Counter("app_cancelled_total", "Requests whose client went away before the answer")
         self.stage_ms = Histogram(
             "app_stage_latency_ms",
             "Per-stage latency of successful requests (ms)",
