@@ -48,8 +48,32 @@ logger = logging.getLogger("ray.serve")
 
 IMAGE_TYPES_EXTRA = {"application/octet-stream"}
 
+
+class _VariantFailed(RuntimeError):
+    """A call abandoned because its variant failed while it waited (see Router._call)."""
+
+
 # Replica-level failures worth one retry on another replica (inference is idempotent).
-_REPLICA_FAILURES = (RayActorError, DeploymentUnavailableError)
+_REPLICA_FAILURES = (RayActorError, DeploymentUnavailableError, _VariantFailed)
+
+
+async def _await(response: Any) -> Any:
+    return await response
+
+
+def _routable_replicas(handle: DeploymentHandle) -> int | None:
+    """How many replicas this process's handle can route to right now, or None if unknown.
+
+    Serve drops a replica from a handle the moment a call to it fails with the actor dead,
+    long before the controller's next health check: the quickest "this variant is down" signal.
+    Private Serve state (Ray 2.60), read defensively: any change in Serve's internals gives None.
+    """
+    router = getattr(getattr(handle, "_router", None), "_asyncio_router", None)
+    request_router = getattr(router, "_request_router", None)
+    try:
+        return None if request_router is None else len(request_router.curr_replicas)
+    except (AttributeError, TypeError):
+        return None
 
 
 def _ms(seconds: float) -> float:
@@ -524,6 +548,7 @@ class Router:
         self._poller: asyncio.Task[None] | None = None
         self._pending: dict[tuple[str, bool], list[_Pending]] = collections.defaultdict(list)
         self._groups: dict[tuple[str, bool], int] = collections.defaultdict(int)
+        self._failures: dict[str, asyncio.Event] = collections.defaultdict(asyncio.Event)
         self.routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
             ("POST", "/v1/classify"): self.classify,
             ("POST", "/v1/classify/batch"): self.classify_batch,
@@ -1084,6 +1109,8 @@ class Router:
         """
         assert self.cfg is not None and self.split is not None
         deadline = t0 + self.cfg.inference_timeout_s
+        if self.health.down_until:  # only after a failure: a handle that lost every replica is down now
+            self.health.set_routable({v: _routable_replicas(h) for v, h in self.classifiers.items()})
         order = candidates(choice, self.variants, self.split, self.cfg.failover, self.health, time.monotonic())
         if not order:
             err = ServiceError("variant_unavailable", f"variant {choice.variant} has no healthy replica; retry shortly")
@@ -1094,12 +1121,14 @@ class Router:
         for n, variant in enumerate(tries[:2]):
             if n and time.perf_counter() >= deadline:
                 break
+            # With somewhere else to go, a call still waiting when its variant fails is abandoned at once:
+            # after a replica dies, Serve holds new calls until a replacement starts (seconds).
+            abort = self._failures[variant] if n == 0 and tries[1] != variant else None
             try:
-                scores, pixels = await self._chain(variant, method, payload, top_k, deadline, full)
+                scores, pixels = await self._chain(variant, method, payload, top_k, deadline, full, abort)
                 return scores, choice.reason, variant != choice.variant, pixels
             except _REPLICA_FAILURES as e:
-                self.health.mark_failed(variant, time.monotonic())
-                self._ensure_health_poller()
+                self._mark_failed(variant)
                 logger.warning(
                     "Classifier_%s or the Preprocessor failed mid-request (%s)%s",
                     variant,
@@ -1117,6 +1146,11 @@ class Router:
         )
         err.variant = choice.variant  # type: ignore[attr-defined]
         raise err
+
+    def _mark_failed(self, variant: str) -> None:
+        self.health.mark_failed(variant, time.monotonic())
+        self._failures.pop(variant).set()  # wakes every call waiting on this variant; the next gets a new event
+        self._ensure_health_poller()
 
     def _ensure_health_poller(self) -> None:
         if self._poller is None or self._poller.done():
@@ -1150,23 +1184,61 @@ class Router:
             await asyncio.sleep(1.0)
 
     async def _chain(
-        self, variant: str, method: str, payload: Any, top_k: int, deadline: float, full: bool = False
+        self,
+        variant: str,
+        method: str,
+        payload: Any,
+        top_k: int,
+        deadline: float,
+        full: bool = False,
+        abort: asyncio.Event | None = None,
     ) -> tuple[Scores, DeploymentResponse | None]:
         """Preprocessor -> Classifier, or (method "pixels") pixels straight to the Classifier."""
+        handle = self.classifiers[variant]
+
+        def gone() -> bool:
+            return _routable_replicas(handle) == 0
+
         if method == "pixels":
-            scores = self.classifiers[variant].remote(payload, max(top_k, SHADOW_TOP_K), full)
-            return await self._call(scores, deadline - time.perf_counter()), None
+            scores = handle.remote(payload, max(top_k, SHADOW_TOP_K), full)
+            return await self._call(scores, deadline - time.perf_counter(), abort=abort, gone=gone), None
         size = await self._input_size(variant)
         pixels: DeploymentResponse = getattr(self.preprocessor, method).remote(payload, size)
         # The DeploymentResponse goes straight into the Classifier call: Serve resolves it there.
-        scores = self.classifiers[variant].remote(pixels, max(top_k, SHADOW_TOP_K), full)
-        return await self._call(scores, deadline - time.perf_counter(), pixels), pixels
+        scores = handle.remote(pixels, max(top_k, SHADOW_TOP_K), full)
+        return await self._call(scores, deadline - time.perf_counter(), pixels, abort=abort, gone=gone), pixels
 
-    async def _call(self, response: Any, timeout_s: float, *upstream: Any) -> Any:
-        """Await a downstream call with a deadline, turning Ray's failures into ServiceErrors."""
+    async def _call(
+        self,
+        response: Any,
+        timeout_s: float,
+        *upstream: Any,
+        abort: asyncio.Event | None = None,
+        gone: Callable[[], bool] | None = None,
+    ) -> Any:
+        """Await a downstream call with a deadline, turning Ray's failures into ServiceErrors.
+
+        With `abort`, the call is abandoned (a replica failure, so the caller retries elsewhere) when
+        the event is set or `gone()` says the handle has no replica left, checked every 100 ms.
+        """
 
         async def wait() -> Any:
-            return await response
+            if abort is None:
+                return await response
+            answer = asyncio.ensure_future(_await(response))
+            aborted = asyncio.ensure_future(abort.wait())
+            try:
+                while True:
+                    # Serve may re-queue a call whose replica died without failing it; then it waits
+                    # for a replacement. Asking the handle too catches that.
+                    await asyncio.wait((answer, aborted), timeout=0.1, return_when=asyncio.FIRST_COMPLETED)
+                    if answer.done():
+                        return answer.result()
+                    if abort.is_set() or (gone is not None and gone()):
+                        answer.cancel()
+                        raise _VariantFailed("the variant lost its replicas while this call was waiting")
+            finally:
+                aborted.cancel()
 
         try:
             return await asyncio.wait_for(wait(), timeout=max(timeout_s, 0.001))

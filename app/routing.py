@@ -90,6 +90,7 @@ class VariantHealth:
         self.hold_s = hold_s
         self.down_until: dict[str, float] = {}
         self.running: dict[str, int] = {}
+        self.routable: dict[str, int] = {}  # replicas the Router's own handle can reach (None: unknown)
 
     def mark_failed(self, variant: str, now: float) -> None:
         self.down_until[variant] = now + self.hold_s
@@ -102,8 +103,11 @@ class VariantHealth:
         last = max(self.down_until.values(), default=float("-inf")) - self.hold_s
         return now - last < quiet_s or any(n == 0 for n in self.running.values())
 
+    def set_routable(self, counts: Mapping[str, int | None]) -> None:
+        self.routable = {v: n for v, n in counts.items() if n is not None}
+
     def has_replicas(self, variant: str) -> bool:
-        return self.running.get(variant, 1) > 0
+        return self.running.get(variant, 1) > 0 and self.routable.get(variant, 1) > 0
 
     def available(self, variant: str, now: float) -> bool:
         return self.has_replicas(variant) and self.down_until.get(variant, 0.0) <= now

@@ -101,3 +101,13 @@ def test_candidates_skip_down_variants_and_never_fail_over_a_forced_choice() -> 
     h.mark_failed("int8", 0.0)
     assert candidates(Choice("int8", "override"), known, split, True, h, 1.0) == ["int8"]
     assert candidates(Choice("int8", "weighted"), known, split, True, h, 1.0) == ["fp32"]
+
+
+def test_a_handle_with_no_routable_replica_means_down_at_once() -> None:
+    from app.routing import Choice, VariantHealth, candidates
+
+    split = WeightedSplit({"int8": 1, "fp32": 1})
+    h = VariantHealth()
+    h.set_routable({"int8": 0, "fp32": None})
+    assert not h.has_replicas("int8") and h.has_replicas("fp32")
+    assert candidates(Choice("int8", "override"), ["fp32", "int8"], split, True, h, 0) == []
