@@ -28,5 +28,8 @@ lint:
 bench:              ## peers and this app, one run, results in benchmarks/results/
 	$(PY) -m benchmarks.run
 
+soak:               ## 10 minutes at ~70% of capacity: memory per replica, errors, dashboard panels
+	$(PY) -m benchmarks.soak --start --minutes 10 --shadow-fraction 0.05
+
 clean:
 	rm -rf models .pytest_cache .mypy_cache .ruff_cache

@@ -297,7 +297,17 @@ class Classifier:
         except Exception:
             max_ongoing = None
         if max_ongoing is not None:
-            cfg.check_against(max_ongoing)
+            try:
+                cfg.check_against(max_ongoing)
+            except ValueError:
+                if self.cfg is None:
+                    raise  # at deploy: the replica fails to start, naming the field
+                # Live: Serve runs reconfigure before it updates max_ongoing_requests in the replica's
+                # context, so a deploy raising both would be judged against the old value here.
+                # `python -m app.config` checks the file itself before any deploy.
+                logger.warning(
+                    "Classifier_%s: %s (as of the previous max_ongoing_requests)", self.variant, cfg.max_batch_size
+                )
         if self._batch is None or self.cfg is None or cfg.max_concurrent_batches != self.cfg.max_concurrent_batches:
             # max_concurrent_batches has no live setter in serve.batch: make a new batcher (old one drains).
             self._executor = ThreadPoolExecutor(cfg.max_concurrent_batches, thread_name_prefix="ort")
