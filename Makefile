@@ -1,35 +1,47 @@
-# Targets named in the README. Everything runs inside .venv (make install creates it).
-PY ?= .venv/bin/python
-export PATH := $(CURDIR)/.venv/bin:$(PATH)
+# Every target runs inside .venv, created on first use from pyproject.toml.
+PY := .venv/bin/python
+STAMP := .venv/.installed
+MODELS := models/efficientnet_lite0-fp32.onnx models/efficientnet_lite0-int8.onnx
 
-.PHONY: install models serve test lint bench soak clean
+.PHONY: install models serve test lint bench soak sweep k8s clean
 
-install:            ## create .venv and install the project with its test extras
+$(STAMP): pyproject.toml
 	python3 -m venv .venv
-	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[test,bench]'
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	touch $@
 
-models:             ## build FP32 + INT8 and write the quality report
+install: $(STAMP)   ## create .venv and install the project with its test and benchmark extras
+
+$(MODELS): | $(STAMP)
 	$(PY) -m app.models build
 	$(PY) -m app.models quantize
 
-serve: models       ## the app on this machine, CPU only (HAProxy in front: see README "Performance")
-	RAY_SERVE_ENABLE_HA_PROXY=1 serve run configs/local.yaml
+models: $(MODELS)   ## FP32 + INT8 + the quality report (models/), built once
 
-test:               ## the whole test suite (slow and multi-node included), as CI runs it
+serve: $(MODELS)    ## the app on this machine, CPU only, HAProxy in front (README "Performance")
+	RAY_SERVE_ENABLE_HA_PROXY=1 .venv/bin/serve run configs/local.yaml
+
+test: $(STAMP)      ## the whole suite, slow and multi-node tests included, as CI runs it
 	$(PY) -m pytest -q
 	$(PY) -m pytest -q -m cluster
 
-lint:
+lint: $(STAMP)
 	$(PY) -m ruff check app tests benchmarks
-	$(PY) -m ruff format --check app tests benchmarks
 	$(PY) -m mypy
+	$(PY) -m app.config configs/local.yaml configs/prod.yaml
+	$(PY) -m app.k8s render --check
 
-bench:              ## peers and this app, one run, results in benchmarks/results/
+bench: $(MODELS)    ## the peers and this app in one run: benchmarks/results/<date>-<host>.{json,md,png}
 	$(PY) -m benchmarks.run
+	$(PY) -m benchmarks.model_bench
+	$(PY) -m benchmarks.preprocess_bench
 
-soak:               ## 10 minutes at ~70% of capacity: memory per replica, errors, dashboard panels
+soak: $(MODELS)     ## 10 minutes at ~70% of capacity: memory per replica, errors, dashboard panels
 	$(PY) -m benchmarks.soak --start --minutes 10 --shadow-fraction 0.05
+
+k8s: $(STAMP)       ## re-render k8s/rayservice.yaml from configs/prod.yaml
+	$(PY) -m app.k8s render
 
 clean:
 	rm -rf models .pytest_cache .mypy_cache .ruff_cache

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -18,7 +19,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -730,13 +731,14 @@ class Router:
         if self._in_flight >= self.cfg.max_in_flight:
             raise ServiceError("overloaded", f"{self._in_flight} requests in flight on this Router; retry shortly")
 
-    async def classify(self, request: Request) -> Response:
-        t0 = time.perf_counter()
+    @contextlib.asynccontextmanager
+    async def _admitted(self) -> AsyncIterator[None]:
+        """Count the request in flight, or refuse it at once when the Router is at max_in_flight."""
         self._ensure_flusher()
         self._admit()
         self._in_flight += 1
         try:
-            return await self._classify(request, t0)
+            yield
         except asyncio.CancelledError:
             # The client went away: Serve cancels this coroutine; a request still waiting for its group
             # is dropped before it is sent, and Serve cancels a single request's downstream calls.
@@ -745,6 +747,11 @@ class Router:
             raise
         finally:
             self._in_flight -= 1
+
+    async def classify(self, request: Request) -> Response:
+        t0 = time.perf_counter()
+        async with self._admitted():
+            return await self._classify(request, t0)
 
     async def _classify(self, request: Request, t0: float) -> Response:
         endpoint = "/v1/classify"
@@ -830,13 +837,8 @@ class Router:
 
     async def classify_batch(self, request: Request) -> Response:
         t0 = time.perf_counter()
-        self._ensure_flusher()
-        self._admit()
-        self._in_flight += 1
-        try:
+        async with self._admitted():
             return await self._classify_batch(request, t0)
-        finally:
-            self._in_flight -= 1
 
     async def _classify_batch(self, request: Request, t0: float) -> Response:
         endpoint = "/v1/classify/batch"
@@ -955,10 +957,7 @@ class Router:
 
     async def _v2_infer(self, request: Request, params: dict[str, str]) -> Response:
         t0 = time.perf_counter()
-        self._ensure_flusher()
-        self._admit()
-        self._in_flight += 1
-        try:
+        async with self._admitted():
             pinned = self._v2_variant(params)
             choice = self._choose(request, pinned)
             body = v2.decompress_body(
@@ -978,8 +977,6 @@ class Router:
                 n = len(req.pixels)
                 method, payload = "pixels", Pixels(np.ascontiguousarray(req.pixels), 0.0, {}, list(range(n)))
             scores, reason, failed_over, _ = await self._infer(request, method, payload, req.max_k, t0, choice, full)
-        finally:
-            self._in_flight -= 1
         if scores.errors:  # the protocol has no per-item errors: the first bad image fails the request
             raise scores.errors[min(scores.errors)]
         probabilities = (
