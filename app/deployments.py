@@ -300,17 +300,17 @@ class Classifier:
         if max_ongoing is not None:
             try:
                 cfg.check_against(max_ongoing)
-            except ValueError:
+            except ValueError as e:
                 if self.cfg is None:
                     raise  # at deploy: the replica fails to start, naming the field
                 # Live: Serve runs reconfigure before it updates max_ongoing_requests in the replica's
                 # context, so a deploy raising both would be judged against the old value here.
                 # `python -m app.config` checks the file itself before any deploy.
-                logger.warning(
-                    "Classifier_%s: %s (as of the previous max_ongoing_requests)", self.variant, cfg.max_batch_size
-                )
+                logger.warning("Classifier_%s: %s (judged against the previous max_ongoing_requests)", self.variant, e)
         if self._batch is None or self.cfg is None or cfg.max_concurrent_batches != self.cfg.max_concurrent_batches:
             # max_concurrent_batches has no live setter in serve.batch: make a new batcher (old one drains).
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)  # its queued batches still finish
             self._executor = ThreadPoolExecutor(cfg.max_concurrent_batches, thread_name_prefix="ort")
             self._batch = serve.batch(
                 max_batch_size=cfg.max_batch_size,
