@@ -3,7 +3,7 @@ PY := .venv/bin/python
 STAMP := .venv/.installed
 MODELS := models/efficientnet_lite0-fp32.onnx models/efficientnet_lite0-int8.onnx
 
-.PHONY: install models serve test lint bench soak sweep k8s clean
+.PHONY: install models serve status test lint bench soak k8s clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv .venv
@@ -21,6 +21,9 @@ models: $(MODELS)   ## FP32 + INT8 + the quality report (models/), built once
 
 serve: $(MODELS)    ## the app on this machine, CPU only, HAProxy in front (README "Performance")
 	RAY_SERVE_ENABLE_HA_PROXY=1 .venv/bin/serve run configs/local.yaml
+
+status: $(STAMP)    ## serve status of the running app (Ray 2.60 clusters use token auth)
+	RAY_AUTH_MODE=token .venv/bin/serve status
 
 test: $(STAMP)      ## the whole suite, slow and multi-node tests included, as CI runs it
 	$(PY) -m pytest -q
