@@ -120,13 +120,8 @@ class Preprocessor:
     def describe(self) -> dict[str, Any]:
         return {"replica_id": _replica_id(), "node_id": ray.get_runtime_context().get_node_id()}
 
-    def __call__(self, data: bytes, size: int) -> Pixels:
-        t0 = time.perf_counter()
-        img = preprocess(data, size=size, max_pixels=self.max_pixels)
-        return Pixels(img[None], _ms(time.perf_counter() - t0), {}, [0])
-
     def many(self, images: list[bytes], size: int) -> Pixels:
-        """Several images of one request; a bad image fails only its own position."""
+        """The images of one request, or of a group the Router coalesced; a bad one fails only its position."""
         t0 = time.perf_counter()
         rows, positions, errors = [], [], {}
         for i, data in enumerate(images):
