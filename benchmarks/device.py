@@ -45,7 +45,8 @@ def reset_peak_rss() -> bool:
     return True
 
 
-def _nvidia_smi(*query: str) -> list[list[str]] | None:
+def nvidia_smi(*query: str) -> list[list[str]] | None:
+    """Rows of `nvidia-smi <query> --format=csv,noheader,nounits`; None without nvidia-smi or a driver."""
     if shutil.which("nvidia-smi") is None:
         return None
     try:
@@ -64,7 +65,7 @@ def _nvidia_smi(*query: str) -> list[list[str]] | None:
 def gpu_memory_mib(pid: int | None = None) -> float | None:
     """Device memory this process holds (nvidia-smi); None without nvidia-smi or when it cannot see our pid
     (common in containers: then use gpu_used_mib before and after)."""
-    rows = _nvidia_smi("--query-compute-apps=pid,used_memory")
+    rows = nvidia_smi("--query-compute-apps=pid,used_memory")
     pid = pid or os.getpid()
     used = [float(r[1]) for r in rows or [] if len(r) == 2 and r[0].isdigit() and int(r[0]) == pid]
     return sum(used) if used else None
@@ -72,6 +73,6 @@ def gpu_memory_mib(pid: int | None = None) -> float | None:
 
 def gpu_used_mib(index: int = 0) -> float | None:
     """Memory in use on the whole device (every process), from nvidia-smi; None without it."""
-    rows = _nvidia_smi("--query-gpu=index,memory.used")
+    rows = nvidia_smi("--query-gpu=index,memory.used")
     found = [float(r[1]) for r in rows or [] if len(r) == 2 and r[0] == str(index)]
     return found[0] if found else None

@@ -8,14 +8,14 @@ from __future__ import annotations
 import os
 import platform
 import re
-import shutil
 import socket
-import subprocess
 import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from benchmarks.device import nvidia_smi
 
 PACKAGES = (
     "ray",
@@ -77,19 +77,8 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
 
 def gpus() -> list[str]:
     """GPU names and memory from nvidia-smi, [] when there is none (or no driver)."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
+    rows = nvidia_smi("--query-gpu=name,memory.total,driver_version")
+    return [f"{name}, {mem} MiB, driver {driver}" for name, mem, driver in (r for r in rows or [] if len(r) == 3)]
 
 
 def host_name() -> str:
