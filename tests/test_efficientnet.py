@@ -15,6 +15,7 @@ import skimage.data
 from app.models import efficientnet
 from app.models.efficientnet import Stage, build_model, fold_batchnorm, same_pads
 from app.runtime import softmax
+from tests.test_weights import ARCH, CLASSES, HEAD, STEM
 
 
 @pytest.mark.parametrize(
@@ -47,16 +48,8 @@ def test_same_pads_keeps_ceil_size_and_puts_the_extra_pixel_after(kernel, stride
 
 def test_architecture_constants():
     table = [(s.repeats, s.kernel, s.stride, s.expand, s.out_channels) for s in efficientnet.STAGES]
-    assert table == [
-        (1, 3, 1, 1, 16),
-        (2, 3, 2, 6, 24),
-        (2, 5, 2, 6, 40),
-        (3, 3, 2, 6, 80),
-        (3, 5, 1, 6, 112),
-        (4, 5, 2, 6, 192),
-        (1, 3, 1, 6, 320),
-    ]
-    assert (efficientnet.STEM_CHANNELS, efficientnet.HEAD_CHANNELS, efficientnet.NUM_CLASSES) == (32, 1280, 1000)
+    assert table == list(ARCH)  # the independent transcription the weights tests check shapes against
+    assert (efficientnet.STEM_CHANNELS, efficientnet.HEAD_CHANNELS, efficientnet.NUM_CLASSES) == (STEM, HEAD, CLASSES)
     assert isinstance(efficientnet.STAGES[0], Stage)
 
 
