@@ -19,8 +19,8 @@ $(MODELS): | $(STAMP)
 
 models: $(MODELS)   ## FP32 + INT8 + the quality report (models/), built once
 
-serve: $(MODELS)    ## the app on this machine, CPU only, HAProxy in front (README "Performance")
-	RAY_SERVE_ENABLE_HA_PROXY=1 .venv/bin/serve run configs/local.yaml
+serve: $(MODELS)    ## the app on this machine, CPU only, with Serve's environment from configs/serve.env
+	set -a && . configs/serve.env && set +a && .venv/bin/serve run configs/local.yaml
 
 status: $(STAMP)    ## serve status of the running app (Ray 2.60 clusters use token auth)
 	RAY_AUTH_MODE=token .venv/bin/serve status
@@ -32,7 +32,7 @@ test: $(STAMP)      ## the whole suite, slow and multi-node tests included, as C
 lint: $(STAMP)
 	$(PY) -m ruff check app tests benchmarks
 	$(PY) -m mypy
-	$(PY) -m app.config configs/local.yaml configs/prod.yaml
+	$(PY) -m app.config configs/local.yaml configs/prod.yaml configs/serve.env
 	$(PY) -m app.k8s render --check
 
 bench: $(MODELS)    ## the peers and this app in one run: benchmarks/results/<date>-<host>.{json,md,png}

@@ -12,6 +12,7 @@ the field instead of being silently ignored.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -188,6 +189,54 @@ def validate_serve_config(cfg: dict, app_index: int = 0) -> AppArgs:
     return args
 
 
+# The environment of every Ray process that runs Serve (README "Performance"). Read by `make serve`,
+# the benchmarks, the tests and the RayService renderer, so the laptop, CI and Kubernetes agree.
+SERVE_ENV = Path(__file__).resolve().parent.parent / "configs" / "serve.env"
+_ENV_LINE = re.compile(r"([A-Z_][A-Z0-9_]*)=([^\s'\"#]*)")
+
+
+def read_serve_env(path: Path = SERVE_ENV) -> dict[str, str]:
+    """KEY=VALUE lines (blank lines and `#` comments skipped); anything else is an error naming the line.
+
+    Deliberately narrower than a shell or dotenv file: no quotes, spaces, expansion or `export`, so
+    `make` (`set -a; . file`), Python and the Kubernetes manifest all read the same values.
+    """
+    env: dict[str, str] = {}
+    for number, raw in enumerate(Path(path).read_text().splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _ENV_LINE.fullmatch(line)
+        if m is None:
+            raise ValueError(f"{path}:{number}: expected KEY=VALUE (no quotes or spaces), got {raw!r}")
+        if m[1] in env:
+            raise ValueError(f"{path}:{number}: {m[1]} is set twice")
+        env[m[1]] = m[2]
+    return env
+
+
+def private_haproxy_env(port: int) -> dict[str, str]:
+    """HAProxy's files and its own stats/metrics ports for one Serve instance on this machine.
+
+    They default to fixed values (/tmp/haproxy-serve, 8404, 9101), so two HAProxy-fronted Serve
+    instances at once (a test session beside `make serve`, a benchmark target beside a soak) would
+    fight over them. Files go to a fresh short directory under /tmp (HAProxy puts its admin socket
+    in a 56-character subdirectory and refuses socket paths over 97 bytes); stats and metrics to
+    port+91 and port+92 of the instance's HTTP port.
+    """
+    import tempfile
+
+    hap = Path(tempfile.mkdtemp(prefix="hap-", dir="/tmp"))
+    return {
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(hap / "haproxy.cfg"),
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(hap / "admin.sock"),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(hap),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(hap / "server-state"),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(port + 91),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(port + 92),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """python -m app.config FILE...: validate Serve config files without deploying them."""
     import sys
@@ -196,6 +245,13 @@ def main(argv: list[str] | None = None) -> int:
 
     status = 0
     for path in argv if argv is not None else sys.argv[1:]:
+        if path.endswith(".env"):
+            try:
+                print(f"{path}: ok ({', '.join(read_serve_env(Path(path))) or 'empty'})")
+            except ValueError as e:
+                print(e, file=sys.stderr)
+                status = 1
+            continue
         with open(path) as f:
             cfg = yaml.safe_load(f)
         try:

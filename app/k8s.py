@@ -24,10 +24,13 @@ from typing import Any
 
 import yaml
 
+from app.config import read_serve_env
+
 TEMPLATE = Path("k8s/templates/rayservice.yaml.in")
 RAYSERVICE = Path("k8s/rayservice.yaml")
 CPU_PATCH = Path("k8s/overlays/cpu/serve-config-patch.yaml")
 PROD_CONFIG = Path("configs/prod.yaml")
+SERVE_ENV_FILE = Path("configs/serve.env")
 PYPROJECT = Path("pyproject.toml")
 
 IMAGE_NAME = "image-classifier"
@@ -38,6 +41,7 @@ CPU_PLATFORM = "cpu"
 RAY_VERSION_MARK = "@RAY_VERSION@"
 IMAGE_MARK = "@IMAGE@"
 SERVE_CONFIG_MARK = "@SERVE_CONFIG@"
+SERVE_ENV_MARK = "@SERVE_ENV@"  # configs/serve.env, as env list items, in every Ray container
 TEMPLATE_NOTE = "#!"  # lines starting with this describe the template itself and are not rendered
 
 GENERATED_HEADER = (
@@ -90,7 +94,21 @@ def embed_block(text: str, indent: str) -> str:
     return "".join(f"{indent}{line}\n" if line else "\n" for line in lines)
 
 
-def render_rayservice(template: str, serve_config: str, ray: str, image: str) -> str:
+def env_items(env: dict[str, str], indent: str) -> str:
+    """A container's `env` list entries, one flow mapping per line; values always quoted strings."""
+    return "".join(f"{indent}- {{name: {k}, value: '{v}'}}\n" for k, v in env.items())
+
+
+def _standalone_indent(line: str, mark: str) -> str:
+    indent = line[: line.index(mark)]
+    if indent.strip() or line.strip() != mark:
+        raise RenderError(f"{mark} must stand alone on its line")
+    return indent
+
+
+def render_rayservice(
+    template: str, serve_config: str, ray: str, image: str, serve_env: dict[str, str] | None = None
+) -> str:
     """The RayService: the template with its marks replaced and its `#!` notes dropped."""
     lines = [line for line in template.splitlines(keepends=True) if not line.startswith(TEMPLATE_NOTE)]
     body = "".join(lines)
@@ -98,13 +116,16 @@ def render_rayservice(template: str, serve_config: str, ray: str, image: str) ->
         raise RenderError(f"the template must hold {RAY_VERSION_MARK} and {SERVE_CONFIG_MARK} exactly once")
     if IMAGE_MARK not in body:
         raise RenderError(f"the template holds no {IMAGE_MARK}")
-    out: list[str] = [GENERATED_HEADER.format(sources=f"{TEMPLATE} and {PROD_CONFIG}", edit="those two files")]
+    if body.count(IMAGE_MARK) != body.count(SERVE_ENV_MARK):
+        raise RenderError(f"every container ({IMAGE_MARK}) needs the Serve environment ({SERVE_ENV_MARK})")
+    sources = f"{TEMPLATE}, {PROD_CONFIG} and {SERVE_ENV_FILE}"
+    out: list[str] = [GENERATED_HEADER.format(sources=sources, edit="those files")]
     for line in lines:
         if SERVE_CONFIG_MARK in line:
-            indent = line[: line.index(SERVE_CONFIG_MARK)]
-            if indent.strip() or line.strip() != SERVE_CONFIG_MARK:
-                raise RenderError(f"{SERVE_CONFIG_MARK} must stand alone on its line")
-            out.append(embed_block(serve_config, indent))
+            out.append(embed_block(serve_config, _standalone_indent(line, SERVE_CONFIG_MARK)))
+            continue
+        if SERVE_ENV_MARK in line:
+            out.append(env_items(serve_env or {}, _standalone_indent(line, SERVE_ENV_MARK)))
             continue
         out.append(line.replace(RAY_VERSION_MARK, ray).replace(IMAGE_MARK, image))
     return "".join(out)
@@ -147,6 +168,14 @@ def _read(root: Path, path: Path) -> str:
         raise RenderError(f"{path} not found under {root.absolute()} (run from the repository root)") from e
 
 
+def _read_env(root: Path) -> dict[str, str]:
+    _read(root, SERVE_ENV_FILE)  # a clear error when it is missing
+    try:
+        return read_serve_env(root / SERVE_ENV_FILE)
+    except ValueError as e:
+        raise RenderError(str(e)) from e
+
+
 def render(root: Path) -> dict[Path, str]:
     """Every generated file (path relative to `root`) and the text it must hold."""
     pyproject = _read(root, PYPROJECT)
@@ -154,7 +183,7 @@ def render(root: Path) -> dict[Path, str]:
     ray = ray_version(pyproject)
     image = f"{IMAGE_NAME}:{image_tag(project_version(pyproject), ray, GPU_PLATFORM)}"
     return {
-        RAYSERVICE: render_rayservice(_read(root, TEMPLATE), serve_config, ray, image),
+        RAYSERVICE: render_rayservice(_read(root, TEMPLATE), serve_config, ray, image, _read_env(root)),
         CPU_PATCH: render_cpu_patch(serve_config),
     }
 

@@ -207,6 +207,11 @@ def summarize(samples: Sequence[Sample], window: tuple[float, float], dropped: i
         "images_per_s": ips,
         "latency_ms": latency_summary([s.latency_s for s in ok]),
         "errors": dict(sorted(Counter(str(s.status) for s in measured if not s.ok).items())),
+        # How fast refusals come back (an overloaded service should shed in well under a second).
+        "error_latency_ms": {
+            status: latency_summary([s.latency_s for s in measured if str(s.status) == status])
+            for status in sorted({str(s.status) for s in measured if not s.ok and isinstance(s.status, int)})
+        },
         "variants": dict(sorted(Counter(s.variant or "unknown" for s in ok).items())),
         "median_batch_size": median(batch_sizes),
     }

@@ -55,17 +55,32 @@ def main() -> int:
         full, reduced = median_ms(data, False), median_ms(data, True)
         top_full = int(runner.logits(preprocess(data, reduced=False)[None]).argmax())
         top_reduced = int(runner.logits(preprocess(data, reduced=True)[None]).argmax())
-        rows.append({"photo": name, "bytes": len(data), "full_ms": full, "reduced_ms": reduced,
-                     "speedup": full / reduced, "top1_full": top_full, "top1_reduced": top_reduced})
-        print(f"{name:14s} full {full:6.2f} ms  reduced {reduced:5.2f} ms  x{full / reduced:4.1f}  "
-              f"top-1 {top_full} / {top_reduced}")
+        rows.append(
+            {
+                "photo": name,
+                "bytes": len(data),
+                "full_ms": full,
+                "reduced_ms": reduced,
+                "speedup": full / reduced,
+                "top1_full": top_full,
+                "top1_reduced": top_reduced,
+            }
+        )
+        print(
+            f"{name:14s} full {full:6.2f} ms  reduced {reduced:5.2f} ms  x{full / reduced:4.1f}  "
+            f"top-1 {top_full} / {top_reduced}"
+        )
     speedups = [r["speedup"] for r in rows]
     same = all(r["top1_full"] == r["top1_reduced"] for r in rows)
     print(f"median speed-up x{statistics.median(speedups):.2f}; same top-1 on all: {same}")
     out = Path("benchmarks/results") / f"preprocess-{stamp()}-{host_name()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"environment": env, "rows": rows, "median_speedup": statistics.median(speedups),
-                               "same_top1": same}, indent=2))
+    out.write_text(
+        json.dumps(
+            {"environment": env, "rows": rows, "median_speedup": statistics.median(speedups), "same_top1": same},
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
     return 0
 

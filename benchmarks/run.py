@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from app.config import private_haproxy_env, read_serve_env
 from benchmarks.corpus import SIZES, build_corpus
 from benchmarks.corpus import describe as describe_corpus
 from benchmarks.environment import RESULTS_DIR, format_environment, host_name, print_environment, stamp
@@ -84,8 +85,7 @@ TARGETS: list[dict[str, Any]] = [
         "ready_timeout_s": 240,
         "workloads": ["sweep", "batch"],
         # A private local Ray instance, never a cluster someone else started on this machine.
-        # HAProxy in front of the Router's own HTTP port, as `make serve` runs it (README "Performance").
-        "env": {"RAY_ADDRESS": "local", "RAY_SERVE_ENABLE_HA_PROXY": "1"},
+        "env": {"RAY_ADDRESS": "local"},
         "fail_patterns": list(SERVE_FAILURES),
     },
 ]
@@ -99,9 +99,19 @@ FULL = {"duration_s": 10.0, "warmup_s": 2.0, "max_requests": 20_000, "repeat": 1
 QUICK = {"duration_s": 2.0, "warmup_s": 1.0, "max_requests": 5_000, "repeat": 1, "sweep_concurrency": [1, 4, 16]}
 
 
+def serve_targets(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every Ray Serve target (this app and the Serve peers alike) runs with configs/serve.env, as
+    `make serve` does: the peers get the same HAProxy ingress and Serve runtime settings."""
+    serve_env = read_serve_env()
+    for t in targets:
+        if "fail_patterns" in t:  # the Serve targets
+            t["env"] = {**serve_env, **t.get("env", {})}
+    return targets
+
+
 def default_plan(quick: bool = False) -> dict[str, Any]:
     plan: dict[str, Any] = {
-        "targets": copy.deepcopy(TARGETS),
+        "targets": serve_targets(copy.deepcopy(TARGETS)),
         "workloads": copy.deepcopy(WORKLOADS),
         **{k: v for k, v in (QUICK if quick else FULL).items() if k != "sweep_concurrency"},
         "timeout_s": 30.0,
@@ -185,12 +195,15 @@ def run_target(target: dict[str, Any], plan: dict[str, Any], log_dir: Path, prog
     if port_open(target["url"]):
         out["error"] = f"something already listens at {target['url']}: refusing to benchmark a server we did not start"
         return out
+    env = dict(target.get("env") or {})
+    if env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":  # never the default HAProxy files/ports of a `make serve`
+        env.update(private_haproxy_env(urlsplit(target["url"]).port or 80))
     server = ServerProcess(
         target["name"],
         cmd,
         log_dir / f"{target['key']}.log",
         cwd=REPO,
-        env=target.get("env"),
+        env=env,
         fail_patterns=target.get("fail_patterns", ()),
     )
     out["log"] = str(server.log_path)

@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from app.config import private_haproxy_env, read_serve_env
 from benchmarks import dashboard
 from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.load import (
@@ -82,22 +83,8 @@ def app_config(source: Path, port: int, shadow_fraction: float | None = None) ->
 
 
 def private_env(port: int, metrics_port: int, scratch: Path) -> dict[str, str]:
-    """Environment for an app that shares nothing with other Serve instances on this machine.
-
-    HAProxy's config file, admin socket, state files and its own stats/metrics ports default to fixed
-    values (/tmp/haproxy-serve, 8404, 9101): two HAProxy-fronted apps at once would fight over them.
-    """
-    hap = scratch / "haproxy"
-    return {
-        "RAY_ADDRESS": "local",
-        "RAY_SERVE_ENABLE_HA_PROXY": "1",
-        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(hap / "haproxy.cfg"),
-        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(hap / "admin.sock"),
-        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(hap),
-        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(hap / "server-state"),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(port + 91),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(port + 92),
-    }
+    """A private local Ray instance with configs/serve.env, sharing no HAProxy files or ports with others."""
+    return {"RAY_ADDRESS": "local", **read_serve_env(), **private_haproxy_env(port)}
 
 
 def serve_child(config_path: str, metrics_port: int) -> None:

@@ -81,10 +81,38 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}: last={last!r}")
 
 
+def use_serve_env(port: int) -> dict[str, str]:
+    """configs/serve.env in this process's environment, which the Ray processes started next inherit.
+
+    The tests run the Serve runtime `make serve` and the RayService run (HAProxy ingress, throughput-
+    optimised mode), with HAProxy's files and stats ports private to this session.
+    """
+    from app.config import private_haproxy_env, read_serve_env
+
+    env = {**read_serve_env(), **private_haproxy_env(port)}
+    os.environ.update(env)
+    return env
+
+
+def driver_handle(deployment_name: str) -> Any:
+    """A handle usable from the (synchronous) test process.
+
+    RAY_SERVE_THROUGHPUT_OPTIMIZED runs a handle's router on the caller's event loop, which a plain
+    test function does not have; a driver handle therefore asks for Serve's router thread.
+    """
+    from ray import serve
+
+    handle = serve.get_deployment_handle(deployment_name, app_name=APP_NAME)  # cached: the same handle again
+    if not handle.is_initialized:
+        handle._init(_run_router_in_separate_loop=True)
+    return handle
+
+
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
     import ray
 
+    use_serve_env(SERVE_PORT)
     # Logical CPUs above the 2 real cores: the configs use fractional shares that must all fit.
     ray.init(
         num_cpus=6,

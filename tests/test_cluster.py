@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
-import os
+import json
 import random
 import threading
 import time
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 import ray
@@ -29,7 +30,7 @@ from ray.cluster_utils import Cluster
 
 from app.models import ModelFiles
 from app.models.samples import sample_bytes
-from tests.conftest import load_config, wait_until
+from tests.conftest import driver_handle, load_config, use_serve_env, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -71,6 +72,7 @@ def cluster(model_files: ModelFiles) -> Iterator[dict[str, Any]]:
     if ray.is_initialized():
         serve.shutdown()
         ray.shutdown()
+    use_serve_env(PORT)  # every node's processes inherit it
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     cpu = c.add_node(num_cpus=4, resources={"cpu_pool": 100})
     gpu = c.add_node(num_cpus=2, num_gpus=1)
@@ -89,7 +91,7 @@ def cluster(model_files: ModelFiles) -> Iterator[dict[str, Any]]:
 
 
 def node_ids_of(deployment: str, calls: int = 24) -> set[str]:
-    handle = serve.get_deployment_handle(deployment, app_name="classifier")
+    handle = driver_handle(deployment)
     return {handle.describe.remote().result(timeout_s=30)["node_id"] for _ in range(calls)}
 
 
@@ -137,30 +139,42 @@ class Outcome:
     failover: bool
 
 
-async def _one(client: httpx.AsyncClient, t0: float, out: list[Outcome]) -> None:
-    start = time.perf_counter()
+# The load generator is aiohttp, not httpx: at several hundred requests/s on two shared cores,
+# httpx's own per-request CPU and its connection-pool queue would be measured instead of the server.
+def _session(connections: int = 64) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        URL,
+        connector=aiohttp.TCPConnector(limit=connections),
+        timeout=aiohttp.ClientTimeout(total=30),
+    )
+
+
+async def _one(client: aiohttp.ClientSession, t0: float, out: list[Outcome], start: float | None = None) -> None:
+    """One classify request; latency from `start` (its scheduled time, if given) to the last byte."""
+    start = time.perf_counter() if start is None else start
     try:
-        r = await client.post("/v1/classify", content=IMAGE, headers={"Content-Type": "image/png"})
-        status = r.status_code
-        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
-        code = body.get("error", {}).get("code", "") if status != 200 else ""
-        out.append(
-            Outcome(
-                start - t0,
-                status,
-                time.perf_counter() - start,
-                code,
-                r.headers.get("retry-after"),
-                bool(body.get("failover")),
+        async with client.post("/v1/classify", data=IMAGE, headers={"Content-Type": "image/png"}) as r:
+            raw = await r.read()
+            status = r.status
+            body = json.loads(raw) if r.headers.get("content-type", "").startswith("application/json") else {}
+            code = body.get("error", {}).get("code", "") if status != 200 else ""
+            out.append(
+                Outcome(
+                    start - t0,
+                    status,
+                    time.perf_counter() - start,
+                    code,
+                    r.headers.get("retry-after"),
+                    bool(body.get("failover")),
+                )
             )
-        )
-    except httpx.HTTPError as e:
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
         out.append(Outcome(start - t0, 0, time.perf_counter() - start, type(e).__name__, None, False))
 
 
 async def closed_loop(seconds: float, concurrency: int, out: list[Outcome]) -> None:
     t0 = time.perf_counter()
-    async with httpx.AsyncClient(base_url=URL, timeout=30) as client:
+    async with _session(concurrency) as client:
 
         async def worker() -> None:
             while time.perf_counter() - t0 < seconds:
@@ -170,17 +184,20 @@ async def closed_loop(seconds: float, concurrency: int, out: list[Outcome]) -> N
 
 
 async def open_loop(rate: float, seconds: float, out: list[Outcome]) -> None:
-    """Poisson arrivals at `rate`/s for `seconds`, whatever the server does (bounded count)."""
+    """Poisson arrivals at `rate`/s for `seconds`, whatever the server does (bounded count).
+
+    Latency counts from each request's scheduled time, so a client falling behind its schedule shows
+    up as latency instead of hiding it; the connection limit is far above what a healthy server needs.
+    """
     rng = random.Random(11)
     t0 = time.perf_counter()
-    limits = httpx.Limits(max_connections=400, max_keepalive_connections=400)
-    async with httpx.AsyncClient(base_url=URL, timeout=30, limits=limits) as client:
+    async with _session(2000) as client:
         tasks, next_at = [], 0.0
         while next_at < seconds and len(tasks) < int(rate * seconds * 2):
             delay = t0 + next_at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)  # the arrival schedule, not synchronisation
-            tasks.append(asyncio.create_task(_one(client, t0, out)))
+            tasks.append(asyncio.create_task(_one(client, t0, out, t0 + next_at)))
             next_at += rng.expovariate(rate)
         await asyncio.gather(*tasks)
 
@@ -192,7 +209,7 @@ def in_thread(coro_fn: Any, *args: Any) -> threading.Thread:
 
 
 def replica_of(deployment: str) -> str:
-    handle = serve.get_deployment_handle(deployment, app_name="classifier")
+    handle = driver_handle(deployment)
     return handle.describe.remote().result(timeout_s=60)["replica_id"]
 
 
@@ -257,36 +274,41 @@ def test_losing_the_gpu_node_gives_fast_503s_and_a_new_gpu_node_recovers(cluster
 
 async def _probe() -> Outcome:
     out: list[Outcome] = []
-    async with httpx.AsyncClient(base_url=URL, timeout=30) as client:
+    async with _session(1) as client:
         await _one(client, time.perf_counter(), out)
     return out[0]
 
 
-# The issue asks for 4x. On this 2-core machine the load generator, Serve's proxy, the Router and every
-# replica share the same two cores, and at 4x the ingress path itself is starved (README "Reliability").
-OVERLOAD = float(os.environ.get("TEST_OVERLOAD_FACTOR", "2"))
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
-def test_overload_at_several_times_capacity_sheds_fast_and_stays_healthy(cluster: dict[str, Any]) -> None:
+def test_overload_at_four_times_capacity_sheds_fast_and_stays_healthy(cluster: dict[str, Any]) -> None:
     wait_until(lambda: httpx.get(URL + "/readyz", timeout=5).status_code == 200, 120, 1.0, "ready")
     sat: list[Outcome] = []
     asyncio.run(closed_loop(6.0, 16, sat))
-    capacity = sum(o.status == 200 for o in sat if o.t > 1.0) / 5.0
+    capacity = sum(o.status == 200 for o in sat if o.t > 1.0) / 5.0  # req/s, saturated, after 1 s of warm-up
     assert capacity > 5, capacity
     memory_before = sum(replica_rss_mb().values())
     out: list[Outcome] = []
-    asyncio.run(open_loop(OVERLOAD * capacity, 20.0, out))
+    asyncio.run(open_loop(4 * capacity, 20.0, out))
     by = collections.Counter((o.status, o.code) for o in out)
-    print("capacity", capacity, "sent", len(out), by)
+    shed = [o.latency for o in out if o.status == 503]
+    served = [o.latency for o in out if o.status == 200]
+    print(f"capacity {capacity:.1f} req/s, sent {len(out)}: {dict(by)}")
+    if shed and served:
+        print(f"503 s: p50 {_quantile(shed, 0.5):.3f} p99 {_quantile(shed, 0.99):.3f} max {max(shed):.3f}")
+        print(f"200 s: p50 {_quantile(served, 0.5):.3f} p99 {_quantile(served, 0.99):.3f} max {max(served):.3f}")
     assert set(s for s, _ in by) <= {200, 503}, by  # no 5xx but the documented 503s, no dropped connection
     assert by[(503, "overloaded")] > 0 and by[(200, "")] > 0, by
     assert all(o.retry_after == "1" for o in out if o.status == 503)
-    # Accepted work keeps flowing at about the measured capacity while the excess is refused.
-    served = by[(200, "")] / max(o.t + o.latency for o in out)
-    assert served > 0.5 * capacity, (served, capacity)
-    # Not asserted here: "503 within 1 s". On this 2-core machine the client, Serve's proxy, the Router
-    # and every replica share two cores, and under overload the ingress path itself queues; the
-    # latencies measured are in README "Reliability".
+    # The excess is refused within a second of its scheduled arrival (the client's own lag included)...
+    assert max(shed) < 1.0, (_quantile(shed, 0.5), _quantile(shed, 0.99), max(shed))
+    # ...while accepted requests finish well inside the request timeout and keep flowing near capacity.
+    assert _quantile(served, 0.99) < cluster["cfg"]["http_options"]["request_timeout_s"], _quantile(served, 0.99)
+    served_rate = len(served) / max(o.t + o.latency for o in out)
+    assert served_rate > 0.5 * capacity, (served_rate, capacity)
     memory_after = sum(replica_rss_mb().values())
     assert memory_after - memory_before < 300, (memory_before, memory_after)  # queues are bounded
     assert httpx.get(URL + "/readyz", timeout=10).status_code == 200

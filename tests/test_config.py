@@ -5,11 +5,20 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from app.config import AppArgs, ClassifierConfig, RouterConfig, validate_serve_config
+from app.config import (
+    SERVE_ENV,
+    AppArgs,
+    ClassifierConfig,
+    RouterConfig,
+    private_haproxy_env,
+    read_serve_env,
+    validate_serve_config,
+)
 from tests.conftest import REPO, deployment, load_config
 
 
@@ -21,13 +30,56 @@ def test_shipped_configs_validate(name: str) -> None:
 
 def test_cli_checks_files() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "app.config", "configs/local.yaml", "configs/prod.yaml"],
+        [sys.executable, "-m", "app.config", "configs/local.yaml", "configs/prod.yaml", "configs/serve.env"],
         cwd=REPO,
         capture_output=True,
         text=True,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.count(": ok") == 2
+    assert out.stdout.count(": ok") == 3
+
+
+def test_serve_env_is_read_as_key_value_lines(tmp_path: Path) -> None:
+    assert read_serve_env(SERVE_ENV) == {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+    f = tmp_path / "x.env"
+    f.write_text("# comment\n\nA_B=1\n  C=/tmp/x  \nEMPTY=\n")
+    assert read_serve_env(f) == {"A_B": "1", "C": "/tmp/x", "EMPTY": ""}
+
+
+@pytest.mark.parametrize(
+    "line, fragment",
+    [
+        ("export A=1", "2: expected KEY=VALUE"),
+        ('A="1"', "2: expected KEY=VALUE"),
+        ("A=1 2", "2: expected KEY=VALUE"),
+        ("a=1", "2: expected KEY=VALUE"),
+        ("A=1\nA=2", "3: A is set twice"),
+    ],
+)
+def test_serve_env_refuses_what_make_python_and_kubernetes_would_read_differently(
+    tmp_path: Path, line: str, fragment: str
+) -> None:
+    f = tmp_path / "bad.env"
+    f.write_text("# ok\n" + line + "\n")
+    with pytest.raises(ValueError, match=fragment) as e:
+        read_serve_env(f)
+    assert str(e.value).startswith(f"{f}:")  # names the file and the line
+
+
+def test_the_serve_env_file_means_the_same_to_a_posix_shell() -> None:
+    shell = subprocess.run(
+        ["sh", "-c", f"set -a && . {SERVE_ENV} && env"], capture_output=True, text=True, check=True, env={}
+    ).stdout
+    from_shell = dict(line.split("=", 1) for line in shell.splitlines() if "=" in line)
+    assert {k: from_shell.get(k) for k in read_serve_env()} == read_serve_env()
+
+
+def test_private_haproxy_env_fits_haproxys_socket_path_limit() -> None:
+    a, b = private_haproxy_env(8000), private_haproxy_env(8000)
+    assert a["RAY_SERVE_HAPROXY_SOCKET_PATH"] != b["RAY_SERVE_HAPROXY_SOCKET_PATH"]  # one directory each
+    # HAProxy nests the socket in a 56-character directory and refuses paths over 97 bytes.
+    assert len(a["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"]) + 1 + 56 + len("/admin.sock") <= 97
+    assert (a["RAY_SERVE_HAPROXY_STATS_PORT"], a["RAY_SERVE_HAPROXY_METRICS_PORT"]) == ("8091", "8092")
 
 
 @pytest.mark.parametrize(

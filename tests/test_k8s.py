@@ -426,8 +426,27 @@ def test_serve_config_v2_is_configs_prod_yaml() -> None:
     assert embedded == PROD.read_text(encoding="utf-8").rstrip("\n") + "\n"
 
 
+def test_every_ray_container_runs_with_configs_serve_env(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    from app.config import read_serve_env
+
+    want = read_serve_env()
+    assert want.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
+    for group, template in pod_templates(one(rendered[1], "RayService")).items():
+        for container in template["spec"]["containers"]:
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            assert {k: env.get(k) for k in want} == want, (rendered[0], group, container["name"])
+
+
+def test_a_template_container_without_the_serve_env_is_refused() -> None:
+    template = (REPO / k8s.TEMPLATE).read_text(encoding="utf-8")
+    broken = template.replace(f"\n                {k8s.SERVE_ENV_MARK}\n", "\n", 1)  # the head's
+    assert broken != template
+    with pytest.raises(k8s.RenderError, match="every container"):
+        k8s.render_rayservice(broken, PROD.read_text(encoding="utf-8"), "2.60.0", "img:tag", {"A": "1"})
+
+
 def test_check_fails_on_drift_and_render_fixes_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for rel in (k8s.PYPROJECT, k8s.PROD_CONFIG, k8s.TEMPLATE, k8s.RAYSERVICE, k8s.CPU_PATCH):
+    for rel in (k8s.PYPROJECT, k8s.PROD_CONFIG, k8s.SERVE_ENV_FILE, k8s.TEMPLATE, k8s.RAYSERVICE, k8s.CPU_PATCH):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, tmp_path / rel)
     assert k8s.main(["render", "--check", "--root", str(tmp_path)]) == 0
@@ -480,9 +499,9 @@ def test_embed_block_round_trips_blank_lines_and_unicode() -> None:
 
 
 def test_render_rayservice_needs_each_mark_once() -> None:
-    good = "a: @IMAGE@\nv: '@RAY_VERSION@'\ns: |\n  @SERVE_CONFIG@\n"
-    out = k8s.render_rayservice(good, "x: 1\n", "2.60.0", "img:1")
-    assert yaml.safe_load(out) == {"a": "img:1", "v": "2.60.0", "s": "x: 1\n"}
+    good = "a: @IMAGE@\nenv:\n  @SERVE_ENV@\nv: '@RAY_VERSION@'\ns: |\n  @SERVE_CONFIG@\n"
+    out = k8s.render_rayservice(good, "x: 1\n", "2.60.0", "img:1", {"K": "1"})
+    assert yaml.safe_load(out) == {"a": "img:1", "env": [{"name": "K", "value": "1"}], "v": "2.60.0", "s": "x: 1\n"}
     for bad in (good.replace("@IMAGE@", "i"), good + "@RAY_VERSION@\n", good.replace("  @SERVE", "  s: @SERVE")):
         with pytest.raises(k8s.RenderError):
             k8s.render_rayservice(bad, "x: 1\n", "2.60.0", "img:1")

@@ -12,11 +12,10 @@ from typing import Any
 import httpx
 import pytest
 import ray
-from ray import serve
 
 from app.models import ModelFiles
 from app.models.samples import sample_bytes
-from tests.conftest import METRICS_PORT, ServeDeployer, deployment, local_config, wait_until
+from tests.conftest import METRICS_PORT, ServeDeployer, deployment, driver_handle, local_config, wait_until
 from tests.test_app import post_many, small_png
 
 pytestmark = pytest.mark.slow
@@ -151,7 +150,7 @@ def test_slow_or_dead_shadow_target_does_not_touch_user_requests(
         assert elapsed < 8, elapsed
         assert max(r.json()["timings_ms"]["total"] for r in responses) < 1000
 
-        int8 = serve.get_deployment_handle("Classifier_int8", app_name="classifier")
+        int8 = driver_handle("Classifier_int8")
         replica = int8.describe.remote().result(timeout_s=30)["replica_id"]
         ray.kill(
             ray.get_actor(f"SERVE_REPLICA::classifier#Classifier_int8#{replica}", namespace="serve"), no_restart=True
