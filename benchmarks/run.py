@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import yaml
 
 from app.config import private_haproxy_env, read_serve_env
 from benchmarks.corpus import SIZES, build_corpus
@@ -87,12 +88,28 @@ TARGETS: list[dict[str, Any]] = [
         # A private local Ray instance, never a cluster someone else started on this machine.
         "env": {"RAY_ADDRESS": "local"},
         "fail_patterns": list(SERVE_FAILURES),
+        # INT8 vs FP32 on 16-image requests in alternating pairs: the ratio is the median of the pairs'.
+        "batch_pairs": 3,
+    },
+    {
+        "key": "nobatch",
+        "name": "app, batching off",
+        # configs/local.yaml with the Router's coalescing and the Classifiers' batching switched off
+        # (coalesce_max 1, max_batch_size 1): the "dynamic batching on vs off" comparison, same run.
+        "start": ["serve", "run", "{nobatch_config}"],
+        "url": "http://127.0.0.1:8000/v1/classify",
+        "ready": "http://127.0.0.1:8000/readyz",
+        "ready_timeout_s": 240,
+        "workloads": ["c32"],
+        "env": {"RAY_ADDRESS": "local"},
+        "fail_patterns": list(SERVE_FAILURES),
     },
 ]
 
 WORKLOADS: dict[str, dict[str, Any]] = {
     "sweep": {"concurrency": [1, 2, 4, 8, 16, 32, 64], "variants": ["fp32"], "images_per_request": 1},
     "batch": {"concurrency": [8], "variants": ["fp32", "int8"], "images_per_request": 16},
+    "c32": {"concurrency": [32], "variants": ["fp32"], "images_per_request": 1},
     "open": {"rate": None, "variants": ["fp32"], "images_per_request": 1, "max_inflight": 256},
 }
 FULL = {"duration_s": 10.0, "warmup_s": 2.0, "max_requests": 20_000, "repeat": 1}
@@ -135,6 +152,22 @@ def resolve_command(cmd: list[str], device: str) -> list[str]:
     return out
 
 
+def write_nobatch_config(directory: Path) -> Path:
+    """configs/local.yaml with every kind of batching off: one request per Preprocessor and Classifier call."""
+    cfg = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
+    app = cfg["applications"][0]
+    for name in ("int8", "fp32"):  # absolute paths: the file is not in the repository
+        app["args"]["variants"][name]["model_path"] = str(REPO / app["args"]["variants"][name]["model_path"])
+    for d in app["deployments"]:
+        if d["name"] == "Router":
+            d["user_config"]["coalesce_max"] = 1
+        if d["name"].startswith("Classifier_"):
+            d["user_config"]["max_batch_size"] = 1
+    path = directory / "local-nobatch.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
 def probe_for(url: str) -> Any:
     """A readiness probe: one real classify request must answer 200."""
     image = build_corpus(((640, 480),))[0]
@@ -156,7 +189,11 @@ async def drive(target: dict[str, Any], plan: dict[str, Any], progress: bool) ->
             spec = plan["workloads"].get(name)
             if spec is None or (name == "open" and not spec.get("rate")):
                 continue
-            for variant in spec.get("variants", [None]):
+            variants = list(spec.get("variants", [None]))
+            pairs = target.get("batch_pairs", 1) if name == "batch" else 1
+            # Alternating order (fp32 int8, int8 fp32, ...), so drift on a shared machine hits both alike.
+            runs = [(pair, v) for pair in range(pairs) for v in (variants if pair % 2 == 0 else variants[::-1])]
+            for pair, variant in runs:
                 wl = Workload(
                     target["url"], variant, spec["images_per_request"], timeout_s=plan["timeout_s"], sizes=sizes
                 )
@@ -173,7 +210,7 @@ async def drive(target: dict[str, Any], plan: dict[str, Any], progress: bool) ->
                     ]
                 else:
                     got = await closed_sweep(wl, spec["concurrency"], max_requests=plan["max_requests"], **common)
-                steps += [{"workload": name, "repeat": repeat, **s} for s in got]
+                steps += [{"workload": name, "repeat": repeat, "pair": pair, **s} for s in got]
     return steps
 
 
@@ -189,7 +226,8 @@ def check_alone(server: ServerProcess, url: str) -> None:
 
 def run_target(target: dict[str, Any], plan: dict[str, Any], log_dir: Path, progress: bool) -> dict[str, Any]:
     out: dict[str, Any] = {k: target.get(k) for k in ("key", "name", "url", "ready")}
-    cmd = resolve_command(target["start"], plan["device"])
+    cmd = [part.replace("{nobatch_config}", str(write_nobatch_config(log_dir))) for part in target["start"]]
+    cmd = resolve_command(cmd, plan["device"])
     out["start"] = cmd
     require_loopback(target["url"])
     if port_open(target["url"]):
@@ -247,6 +285,98 @@ def sweep_medians(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
         }
         for c, group in sorted(by_c.items())
     ]
+
+
+def _steps(result: dict[str, Any], key: str, workload: str) -> list[dict[str, Any]]:
+    t = next((t for t in result["targets"] if t.get("key") == key and not t.get("error")), None)
+    return [st for st in (t or {}).get("steps", []) if st["workload"] == workload]
+
+
+def _at(steps: list[dict[str, Any]], concurrency: int, field: str = "throughput_rps") -> float | None:
+    values = [st[field] for st in steps if st.get("concurrency") == concurrency and st.get(field) is not None]
+    return statistics.median(values) if values else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def pair_ratios(steps: list[dict[str, Any]], num: str, den: str) -> list[float]:
+    """images/s of variant `num` over variant `den`, per alternating pair of 16-image steps."""
+    out = []
+    for pair in sorted({st.get("pair", 0) for st in steps}):
+        by = {st["variant"]: st["images_per_s"] for st in steps if st.get("pair", 0) == pair}
+        if by.get(num) and by.get(den):
+            out.append(by[num] / by[den])
+    return out
+
+
+TARGET_HEADERS = ["target (issue 4)", "measured", "ratio", "goal", "met"]
+
+
+def target_rows(result: dict[str, Any]) -> list[list[Any]]:
+    """The performance targets, computed from this run's steps (medians where a step was repeated)."""
+    app_sweep, single_sweep = _steps(result, "app", "sweep"), _steps(result, "single", "sweep")
+    rows: list[list[Any]] = []
+
+    def row(name: str, measured: str, ratio: float | None, goal: str, ok: bool | None) -> None:
+        rows.append([name, measured, None if ratio is None else f"{ratio:.2f}x", goal, ok])
+
+    a, b = _at(app_sweep, 32), _at(single_sweep, 32)
+    r = _ratio(a, b)
+    row(
+        "single image, FP32, c=32: app / one-deployment Serve",
+        f"{fmt(a)} / {fmt(b)} req/s",
+        r,
+        ">= 1.0x",
+        None if r is None else r >= 1.0,
+    )
+    a = _at([{**st, "p50": st["latency_ms"]["p50_ms"]} for st in app_sweep], 1, "p50")
+    b = _at([{**st, "p50": st["latency_ms"]["p50_ms"]} for st in single_sweep], 1, "p50")
+    r = _ratio(a, b)
+    row(
+        "p50 at c=1: app / one-deployment Serve",
+        f"{fmt(a)} / {fmt(b)} ms",
+        r,
+        "<= 1.5x",
+        None if r is None else r <= 1.5,
+    )
+    app_batch = _steps(result, "app", "batch")
+    fp32 = [st["images_per_s"] for st in app_batch if st["variant"] == "fp32"]
+    best_fastapi = max((st["throughput_rps"] or 0 for st in _steps(result, "fastapi", "sweep")), default=None)
+    a = statistics.median(fp32) if fp32 else None
+    r = _ratio(a, best_fastapi)
+    row(
+        "16 images/request, c=8, FP32 img/s: app / FastAPI's best single-image req/s",
+        f"{fmt(a)} / {fmt(best_fastapi)}",
+        r,
+        ">= 1.1x",
+        None if r is None else r >= 1.1,
+    )
+    ratios = pair_ratios(app_batch, "int8", "fp32")
+    r = statistics.median(ratios) if ratios else None
+    row(
+        "16 images/request, c=8: INT8 / FP32 img/s (median of alternating pairs)",
+        ", ".join(f"{x:.2f}" for x in ratios) or "n/a",
+        r,
+        ">= 1.6x",
+        None if r is None else r >= 1.6,
+    )
+    a, b = _at(app_sweep, 32), _at(_steps(result, "nobatch", "c32"), 32)
+    r = _ratio(a, b)
+    row(
+        "dynamic batching on / off, single image, c=32",
+        f"{fmt(a)} / {fmt(b)} req/s",
+        r,
+        ">= 1.15x",
+        None if r is None else r >= 1.15,
+    )
+    app = next((t for t in result["targets"] if t.get("key") == "app" and not t.get("error")), None)
+    if app:
+        errors = sum(sum(st["errors"].values()) for st in app.get("steps", []))
+        top = max((st.get("concurrency") or 0 for st in app.get("steps", [])), default=0)
+        row(f"errors, app, every step (up to c={top})", str(errors), None, "0", errors == 0)
+    return rows
 
 
 SUMMARY_HEADERS = ["target", "p50 ms at c=1", "best req/s", "at concurrency", "p99 ms there", "errors"]
@@ -313,6 +443,13 @@ def to_markdown(result: dict[str, Any], files: dict[str, str]) -> str:
             SUMMARY_HEADERS,
             summary_rows(result["targets"]),
         ),
+    ]
+    parts += [
+        "## Targets (computed from this run)",
+        "",
+        markdown_table(TARGET_HEADERS, target_rows(result), digits=1),
+        "The 1920x1080 preprocessing target is measured by `python -m benchmarks.preprocess_bench`.",
+        "",
     ]
     noise = noise_rows(result["targets"])
     if noise:
@@ -385,9 +522,11 @@ def write_outputs(result: dict[str, Any], stem: Path) -> dict[str, str]:
     env = result["environment"]
     title = f"single image, FP32, closed loop; {env['cpu_model']} ({env['usable_cpus']} cores), {result['stamp']}"
     plot_service(series, stem.parent / files["throughput_png"], stem.parent / files["p99_png"], title)
+    result["targets_check"] = [dict(zip(TARGET_HEADERS, row, strict=True)) for row in target_rows(result)]
     write_json(Path(files["json"]), result)
     Path(files["markdown"]).write_text(to_markdown(result, files))
     print(markdown_table(SUMMARY_HEADERS, summary_rows(result["targets"])))
+    print(markdown_table(TARGET_HEADERS, target_rows(result)))
     print(f"wrote {files['json']}, {files['markdown']} and {files['throughput_png']}, {files['p99_png']}")
     return files
 

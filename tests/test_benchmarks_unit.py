@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from statistics import mean
 
 import pytest
@@ -213,6 +214,88 @@ def test_steps_table_has_one_row_per_step() -> None:
     assert len(lines) == 4
     assert lines[2].startswith("| c=4 | 1 | fp32 | 100 | 50.0 |") and "503=1" in lines[2]
     assert lines[3].startswith("| 20/s open |")
+
+
+def _step(workload: str, concurrency: int, rps: float, variant: str = "fp32", **extra: object) -> dict[str, object]:
+    return {
+        "workload": workload,
+        "mode": "closed",
+        "concurrency": concurrency,
+        "variant": variant,
+        "throughput_rps": rps,
+        "images_per_s": rps * (16 if workload == "batch" else 1),
+        "latency_ms": {"p50_ms": 1000.0 / rps},
+        "errors": {},
+        **extra,
+    }
+
+
+def test_targets_are_computed_from_the_steps_of_one_run() -> None:
+    from benchmarks.run import TARGET_HEADERS, pair_ratios, target_rows
+
+    app_batch = [
+        _step("batch", 8, 10.0, "fp32", pair=0),
+        _step("batch", 8, 17.0, "int8", pair=0),
+        _step("batch", 8, 15.0, "int8", pair=1),  # alternating order
+        _step("batch", 8, 10.0, "fp32", pair=1),
+        _step("batch", 8, 12.0, "fp32", pair=2),
+        _step("batch", 8, 18.0, "int8", pair=2),
+    ]
+    assert pair_ratios(app_batch, "int8", "fp32") == [1.7, 1.5, 1.5]
+    result = {
+        "targets": [
+            {"key": "fastapi", "steps": [_step("sweep", 1, 100.0), _step("sweep", 16, 140.0)]},
+            {"key": "single", "steps": [_step("sweep", 1, 40.0), _step("sweep", 32, 60.0)]},
+            {"key": "app", "steps": [_step("sweep", 1, 50.0), _step("sweep", 32, 120.0), *app_batch]},
+            {"key": "nobatch", "steps": [_step("c32", 32, 80.0)]},
+        ]
+    }
+    rows = {r[0].split(":")[0]: dict(zip(TARGET_HEADERS, r, strict=True)) for r in target_rows(result)}
+    assert rows["single image, FP32, c=32"]["ratio"] == "2.00x" and rows["single image, FP32, c=32"]["met"]
+    p50 = rows["p50 at c=1"]
+    assert (p50["ratio"], p50["met"]) == ("0.80x", True)  # 20 ms against 25 ms
+    multi = rows["16 images/request, c=8, FP32 img/s"]
+    assert (multi["ratio"], multi["met"]) == (f"{160 / 140:.2f}x", True)  # median FP32 160 img/s vs 140 req/s
+    int8 = rows["16 images/request, c=8"]
+    assert (int8["ratio"], int8["met"]) == ("1.50x", False)  # the median pair, not the best one
+    assert rows["dynamic batching on / off, single image, c=32"]["ratio"] == "1.50x"
+    assert rows["errors, app, every step (up to c=32)"]["met"] is True
+    # A target that failed to start gives n/a, not a crash.
+    result["targets"][1]["error"] = "did not start"
+    rows2 = {r[0].split(":")[0]: r for r in target_rows(result)}
+    assert rows2["single image, FP32, c=32"][2] is None and rows2["single image, FP32, c=32"][4] is None
+
+
+def test_the_nobatch_config_switches_off_both_kinds_of_batching_and_nothing_else(tmp_path: Path) -> None:
+    import yaml
+
+    from app.config import validate_serve_config
+    from benchmarks.run import write_nobatch_config
+    from tests.conftest import deployment, load_config
+
+    cfg = yaml.safe_load(write_nobatch_config(tmp_path).read_text())
+    validate_serve_config(cfg)
+    base = load_config("local.yaml")
+    assert deployment(cfg, "Router")["user_config"]["coalesce_max"] == 1
+    for name in ("Classifier_int8", "Classifier_fp32"):
+        assert deployment(cfg, name)["user_config"] == {**deployment(base, name)["user_config"], "max_batch_size": 1}
+    assert deployment(cfg, "Preprocessor") == deployment(base, "Preprocessor")
+    assert all(Path(v["model_path"]).is_absolute() for v in cfg["applications"][0]["args"]["variants"].values())
+
+
+def test_error_latency_is_reported_per_status() -> None:
+    from benchmarks.load import Sample, summarize
+
+    samples = [
+        Sample(1.0, 0.5, 200, 1),
+        Sample(1.1, 0.01, 503, 1),
+        Sample(1.2, 0.03, 503, 1),
+        Sample(1.3, 0, "timeout", 1),
+    ]
+    out = summarize(samples, (0.0, 10.0), 0)
+    assert out["errors"] == {"503": 2, "timeout": 1}
+    assert set(out["error_latency_ms"]) == {"503"}
+    assert out["error_latency_ms"]["503"]["max_ms"] == pytest.approx(30.0)
 
 
 # --- one tiny live run against the FastAPI baseline -----------------------------------------------------
