@@ -245,25 +245,29 @@ def test_targets_are_computed_from_the_steps_of_one_run() -> None:
     result = {
         "targets": [
             {"key": "fastapi", "steps": [_step("sweep", 1, 100.0), _step("sweep", 16, 140.0)]},
-            {"key": "single", "steps": [_step("sweep", 1, 40.0), _step("sweep", 32, 60.0)]},
+            {"key": "single_default", "steps": [_step("ends", 1, 40.0), _step("ends", 32, 60.0)]},
+            {"key": "single", "steps": [_step("sweep", 1, 80.0), _step("sweep", 32, 150.0)]},
             {"key": "app", "steps": [_step("sweep", 1, 50.0), _step("sweep", 32, 120.0), *app_batch]},
             {"key": "nobatch", "steps": [_step("c32", 32, 80.0)]},
         ]
     }
-    rows = {r[0].split(":")[0]: dict(zip(TARGET_HEADERS, r, strict=True)) for r in target_rows(result)}
-    assert rows["single image, FP32, c=32"]["ratio"] == "2.00x" and rows["single image, FP32, c=32"]["met"]
-    p50 = rows["p50 at c=1"]
+    rows = {r[0]: dict(zip(TARGET_HEADERS, r, strict=True)) for r in target_rows(result)}
+    c32 = "single image, FP32, c=32: app / 1-deployment Serve, "
+    assert (rows[c32 + "default runtime"]["ratio"], rows[c32 + "default runtime"]["met"]) == ("2.00x", True)
+    # The same peer on the app's runtime is reported, never judged.
+    assert (rows[c32 + "same serve.env"]["ratio"], rows[c32 + "same serve.env"]["met"]) == ("0.80x", None)
+    p50 = rows["p50 at c=1: app / 1-deployment Serve, default runtime"]
     assert (p50["ratio"], p50["met"]) == ("0.80x", True)  # 20 ms against 25 ms
-    multi = rows["16 images/request, c=8, FP32 img/s"]
+    multi = next(v for k, v in rows.items() if k.startswith("16 images/request, c=8, FP32 img/s"))
     assert (multi["ratio"], multi["met"]) == (f"{160 / 140:.2f}x", True)  # median FP32 160 img/s vs 140 req/s
-    int8 = rows["16 images/request, c=8"]
+    int8 = next(v for k, v in rows.items() if k.startswith("16 images/request, c=8: INT8"))
     assert (int8["ratio"], int8["met"]) == ("1.50x", False)  # the median pair, not the best one
     assert rows["dynamic batching on / off, single image, c=32"]["ratio"] == "1.50x"
     assert rows["errors, app, every step (up to c=32)"]["met"] is True
     # A target that failed to start gives n/a, not a crash.
     result["targets"][1]["error"] = "did not start"
-    rows2 = {r[0].split(":")[0]: r for r in target_rows(result)}
-    assert rows2["single image, FP32, c=32"][2] is None and rows2["single image, FP32, c=32"][4] is None
+    again = {r[0]: r for r in target_rows(result)}
+    assert again[c32 + "default runtime"][2] is None and again[c32 + "default runtime"][4] is None
 
 
 def test_the_nobatch_config_switches_off_both_kinds_of_batching_and_nothing_else(tmp_path: Path) -> None:
