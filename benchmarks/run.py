@@ -293,7 +293,7 @@ def sweep_medians(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Sweep steps merged across repeats: per concurrency, the median of each figure."""
     by_c: dict[int, list[dict[str, Any]]] = {}
     for st in steps:
-        if st["workload"] in ("sweep", "ends") and st["mode"] == "closed":
+        if st["workload"] in ("sweep", "ends", "c32") and st["mode"] == "closed":
             by_c.setdefault(st["concurrency"], []).append(st)
 
     def med(values: list[Any]) -> float | None:
@@ -396,6 +396,18 @@ def target_rows(result: dict[str, Any]) -> list[list[Any]]:
         ">= 1.6x",
         None if r is None else r >= 1.6,
     )
+    # The same ratio for the peers (their own 16-image endpoints, same decode, same models): how much
+    # of it the machine allows at all, whatever the serving path.
+    for key, name in (("fastapi", "FastAPI + ORT, one process"), ("single", "1-deployment Serve, same serve.env")):
+        ratios = pair_ratios(_steps(result, key, "batch"), "int8", "fp32")
+        r = statistics.median(ratios) if ratios else None
+        row(
+            f"16 images/request, c=8: INT8 / FP32 img/s, {name}",
+            ", ".join(f"{x:.2f}" for x in ratios) or "n/a",
+            r,
+            "(reported)",
+            None,
+        )
     a, b = _at(app_sweep, 32), _at(_steps(result, "nobatch", "c32"), 32)
     r = _ratio(a, b)
     row(

@@ -260,7 +260,10 @@ def test_targets_are_computed_from_the_steps_of_one_run() -> None:
     assert (p50["ratio"], p50["met"]) == ("0.80x", True)  # 20 ms against 25 ms
     multi = next(v for k, v in rows.items() if k.startswith("16 images/request, c=8, FP32 img/s"))
     assert (multi["ratio"], multi["met"]) == (f"{160 / 140:.2f}x", True)  # median FP32 160 img/s vs 140 req/s
-    int8 = next(v for k, v in rows.items() if k.startswith("16 images/request, c=8: INT8"))
+    int8 = next(
+        v for k, v in rows.items() if k == "16 images/request, c=8: INT8 / FP32 img/s (median of alternating pairs)"
+    )
+    assert rows["16 images/request, c=8: INT8 / FP32 img/s, FastAPI + ORT, one process"]["ratio"] is None  # no steps
     assert (int8["ratio"], int8["met"]) == ("1.50x", False)  # the median pair, not the best one
     assert rows["dynamic batching on / off, single image, c=32"]["ratio"] == "1.50x"
     assert rows["errors, app, every step (up to c=32)"]["met"] is True
