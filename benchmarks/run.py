@@ -1,6 +1,6 @@
 """The service comparison `make bench` runs: each target in turn, the same workload, one report.
 
-    python -m benchmarks.run                       # every target, full plan (~10 min on 2 cores)
+    python -m benchmarks.run                       # every target, full plan (~12 min on 2 cores)
     python -m benchmarks.run --quick               # ~2-3 min, mostly Serve start-up: fewer, shorter steps
     python -m benchmarks.run --targets fastapi,echo --concurrency 1,4,16 --duration 5
     python -m benchmarks.run --plan my_plan.json   # targets and workloads from a file (see --print-plan)
