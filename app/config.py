@@ -201,16 +201,21 @@ def read_serve_env(path: Path = SERVE_ENV) -> dict[str, str]:
     Deliberately narrower than a shell or dotenv file: no quotes, spaces, expansion or `export`, so
     `make` (`set -a; . file`), Python and the Kubernetes manifest all read the same values.
     """
+    return parse_serve_env(Path(path).read_text(), str(path))
+
+
+def parse_serve_env(text: str, source: str) -> dict[str, str]:
+    """`read_serve_env` on text already read; errors name `source` and the line."""
     env: dict[str, str] = {}
-    for number, raw in enumerate(Path(path).read_text().splitlines(), 1):
+    for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         m = _ENV_LINE.fullmatch(line)
         if m is None:
-            raise ValueError(f"{path}:{number}: expected KEY=VALUE (no quotes or spaces), got {raw!r}")
+            raise ValueError(f"{source}:{number}: expected KEY=VALUE (no quotes or spaces), got {raw!r}")
         if m[1] in env:
-            raise ValueError(f"{path}:{number}: {m[1]} is set twice")
+            raise ValueError(f"{source}:{number}: {m[1]} is set twice")
         env[m[1]] = m[2]
     return env
 
@@ -235,6 +240,15 @@ def private_haproxy_env(port: int) -> dict[str, str]:
         "RAY_SERVE_HAPROXY_STATS_PORT": str(port + 91),
         "RAY_SERVE_HAPROXY_METRICS_PORT": str(port + 92),
     }
+
+
+def private_serve_env(port: int, env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: configs/serve.env) plus, when it turns HAProxy on, HAProxy files and ports
+    private to the Serve instance on `port` (`private_haproxy_env`)."""
+    out = read_serve_env() if env is None else dict(env)
+    if out.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+        out.update(private_haproxy_env(port))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from app.config import read_serve_env
+from app.config import parse_serve_env
 
 TEMPLATE = Path("k8s/templates/rayservice.yaml.in")
 RAYSERVICE = Path("k8s/rayservice.yaml")
@@ -169,9 +169,8 @@ def _read(root: Path, path: Path) -> str:
 
 
 def _read_env(root: Path) -> dict[str, str]:
-    _read(root, SERVE_ENV_FILE)  # a clear error when it is missing
     try:
-        return read_serve_env(root / SERVE_ENV_FILE)
+        return parse_serve_env(_read(root, SERVE_ENV_FILE), str(SERVE_ENV_FILE))
     except ValueError as e:
         raise RenderError(str(e)) from e
 

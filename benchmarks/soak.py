@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from app.config import private_haproxy_env, read_serve_env
+from app.config import private_serve_env
 from benchmarks import dashboard
 from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.load import (
@@ -82,9 +82,9 @@ def app_config(source: Path, port: int, shadow_fraction: float | None = None) ->
     return cfg
 
 
-def private_env(port: int, metrics_port: int, scratch: Path) -> dict[str, str]:
+def private_env(port: int) -> dict[str, str]:
     """A private local Ray instance with configs/serve.env, sharing no HAProxy files or ports with others."""
-    return {"RAY_ADDRESS": "local", **read_serve_env(), **private_haproxy_env(port)}
+    return {"RAY_ADDRESS": "local", **private_serve_env(port)}
 
 
 def serve_child(config_path: str, metrics_port: int) -> None:
@@ -136,7 +136,7 @@ class App:
             cmd,
             self.scratch / "serve.log",
             cwd=REPO,
-            env=private_env(port, metrics_port, self.scratch),
+            env=private_env(port),
             fail_patterns=SERVE_FAILURES,
         )
 

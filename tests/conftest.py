@@ -87,9 +87,9 @@ def use_serve_env(port: int) -> dict[str, str]:
     The tests run the Serve runtime `make serve` and the RayService run (HAProxy ingress, throughput-
     optimised mode), with HAProxy's files and stats ports private to this session.
     """
-    from app.config import private_haproxy_env, read_serve_env
+    from app.config import private_serve_env
 
-    env = {**read_serve_env(), **private_haproxy_env(port)}
+    env = private_serve_env(port)
     os.environ.update(env)
     return env
 

@@ -30,6 +30,7 @@ from ray.cluster_utils import Cluster
 
 from app.models import ModelFiles
 from app.models.samples import sample_bytes
+from benchmarks.stats import percentile
 from tests.conftest import driver_handle, load_config, use_serve_env, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -279,11 +280,6 @@ async def _probe() -> Outcome:
     return out[0]
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
-
-
 def test_overload_at_four_times_capacity_sheds_fast_and_stays_healthy(cluster: dict[str, Any]) -> None:
     wait_until(lambda: httpx.get(URL + "/readyz", timeout=5).status_code == 200, 120, 1.0, "ready")
     sat: list[Outcome] = []
@@ -298,15 +294,15 @@ def test_overload_at_four_times_capacity_sheds_fast_and_stays_healthy(cluster: d
     served = [o.latency for o in out if o.status == 200]
     print(f"capacity {capacity:.1f} req/s, sent {len(out)}: {dict(by)}")
     if shed and served:
-        print(f"503 s: p50 {_quantile(shed, 0.5):.3f} p99 {_quantile(shed, 0.99):.3f} max {max(shed):.3f}")
-        print(f"200 s: p50 {_quantile(served, 0.5):.3f} p99 {_quantile(served, 0.99):.3f} max {max(served):.3f}")
+        print(f"503 s: p50 {percentile(shed, 50):.3f} p99 {percentile(shed, 99):.3f} max {max(shed):.3f}")
+        print(f"200 s: p50 {percentile(served, 50):.3f} p99 {percentile(served, 99):.3f} max {max(served):.3f}")
     assert set(s for s, _ in by) <= {200, 503}, by  # no 5xx but the documented 503s, no dropped connection
     assert by[(503, "overloaded")] > 0 and by[(200, "")] > 0, by
     assert all(o.retry_after == "1" for o in out if o.status == 503)
     # The excess is refused within a second of its scheduled arrival (the client's own lag included)...
-    assert max(shed) < 1.0, (_quantile(shed, 0.5), _quantile(shed, 0.99), max(shed))
+    assert max(shed) < 1.0, (percentile(shed, 50), percentile(shed, 99), max(shed))
     # ...while accepted requests finish well inside the request timeout and keep flowing near capacity.
-    assert _quantile(served, 0.99) < cluster["cfg"]["http_options"]["request_timeout_s"], _quantile(served, 0.99)
+    assert percentile(served, 99) < cluster["cfg"]["http_options"]["request_timeout_s"], percentile(served, 99)
     served_rate = len(served) / max(o.t + o.latency for o in out)
     assert served_rate > 0.5 * capacity, (served_rate, capacity)
     memory_after = sum(replica_rss_mb().values())
