@@ -243,9 +243,25 @@ def private_haproxy_env(port: int) -> dict[str, str]:
 
 
 def private_serve_env(port: int, env: dict[str, str] | None = None) -> dict[str, str]:
-    """`env` (default: configs/serve.env) plus, when it turns HAProxy on, HAProxy files and ports
-    private to the Serve instance on `port` (`private_haproxy_env`)."""
+    """`env` (default: configs/serve.env) made private to the Serve instance on HTTP port `port`.
+
+    Replicas' own HTTP (direct ingress) and gRPC ports come from fixed ranges (30000-31000,
+    40000-41000) and are bound with SO_REUSEPORT, so a second Serve instance on this machine (a test
+    session beside `make serve`, or a Ray cluster left running) binds the same ports and the kernel
+    splits one instance's traffic between both: half the requests answered by the other app. Each
+    instance therefore gets its own ranges, derived from its port (HTTP port+20000 .. +20, gRPC
+    port+21000 .. +50; instances whose ports are 50 or more apart never overlap), and, when the
+    environment turns HAProxy on, its own HAProxy files and ports (`private_haproxy_env`).
+    """
     out = read_serve_env() if env is None else dict(env)
+    out.update(
+        {
+            "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port + 20000),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + 20020),
+            "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(port + 21000),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(port + 21050),
+        }
+    )
     if out.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
         out.update(private_haproxy_env(port))
     return out

@@ -16,6 +16,7 @@ from app.config import (
     ClassifierConfig,
     RouterConfig,
     private_haproxy_env,
+    private_serve_env,
     read_serve_env,
     validate_serve_config,
 )
@@ -125,3 +126,25 @@ def test_app_args_validation() -> None:
         AppArgs.model_validate({"device": "tpu"})
     with pytest.raises(ValidationError, match="default_top_k"):
         AppArgs.model_validate({"limits": {"default_top_k": 30, "max_top_k": 20}})
+
+
+def test_private_serve_env_gives_each_instance_its_own_replica_ports() -> None:
+    # Replica ports are bound with SO_REUSEPORT: two instances sharing a range share traffic.
+    def ranges(port: int) -> list[range]:
+        env = private_serve_env(port)
+        return [
+            range(
+                int(env[f"RAY_SERVE_DIRECT_INGRESS_MIN_{kind}_PORT"]),
+                int(env[f"RAY_SERVE_DIRECT_INGRESS_MAX_{kind}_PORT"]) + 1,
+            )
+            for kind in ("HTTP", "GRPC")
+        ]
+
+    ports = [8000, 8101, 8200, 18000, 18100]  # make serve, a bench target, the soak, the test clusters
+    for a in ports:
+        for b in ports:
+            if a != b:
+                assert all(not set(x) & set(y) for x in ranges(a) for y in ranges(b)), (a, b)
+    env = private_serve_env(18000)
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and "RAY_SERVE_HAPROXY_SOCKET_PATH" in env
+    assert "RAY_SERVE_HAPROXY_SOCKET_PATH" not in private_serve_env(18000, {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"})
