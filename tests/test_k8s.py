@@ -10,6 +10,7 @@ the repository) when it is there.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import math
 import re
@@ -707,7 +708,9 @@ def test_the_places_ray_writes_are_emptydirs(rendered: tuple[str, list[dict[str,
         ray = spec["containers"][0]
         mounts = {m["mountPath"]: volumes[m["name"]] for m in ray["volumeMounts"]}
         assert {"/tmp", "/dev/shm", "/home/ray/.cache"} <= set(mounts), name
-        assert all("emptyDir" in v for v in mounts.values()), name
+        assert all("emptyDir" in mounts[p] for p in ("/tmp", "/dev/shm", "/home/ray/.cache")), name
+        # The TensorRT cache may become a claim (the template says how); nothing else is mounted.
+        assert all("emptyDir" in v or "persistentVolumeClaim" in v for v in mounts.values()), name
         shm = mounts["/dev/shm"]["emptyDir"]
         store = int(group["rayStartParams"]["object-store-memory"])
         assert shm["medium"] == "Memory" and quantity(shm["sizeLimit"]) >= store, f"{name}: /dev/shm < object store"
@@ -715,6 +718,47 @@ def test_the_places_ray_writes_are_emptydirs(rendered: tuple[str, list[dict[str,
         assert not ray.get("readinessProbe") and not ray.get("livenessProbe"), f"{name}: leave probes to KubeRay"
     head_volumes = {v["name"] for v in cluster["headGroupSpec"]["template"]["spec"]["volumes"]}
     assert {m["name"] for m in cluster["autoscalerOptions"]["volumeMounts"]} <= head_volumes
+
+
+def _env(container: dict[str, Any]) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def test_gpu_workers_mount_a_writable_trt_cache_at_app_trt_cache_dir(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """The TensorRT provider writes engines and timing caches to APP_TRT_CACHE_DIR: on every GPU Pod
+    that is its own writable volume, while the root filesystem stays read-only."""
+    cluster = one(rendered[1], "RayService")["spec"]["rayClusterConfig"]
+    gpu_groups = [g for g in cluster["workerGroupSpecs"] if advertised(g)["GPU"] > 0]
+    if rendered[0] == "cpu":
+        assert not gpu_groups
+        return
+    assert gpu_groups, f"{rendered[0]}: no GPU worker group"
+    for group in gpu_groups:
+        where = f"{rendered[0]}: {group['groupName']}"
+        spec = group["template"]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        ray = spec["containers"][0]
+        cache_dir = _env(ray).get("APP_TRT_CACHE_DIR")
+        assert cache_dir and cache_dir.startswith("/"), f"{where}: APP_TRT_CACHE_DIR must be an absolute path"
+        mounts = [m for m in ray["volumeMounts"] if m["mountPath"] == cache_dir]
+        assert len(mounts) == 1, f"{where}: nothing is mounted at APP_TRT_CACHE_DIR={cache_dir}"
+        mount = mounts[0]
+        assert not mount.get("readOnly") and not mount.get("subPath"), where
+        # Its own volume, with its own size limit: engines cannot fill Ray's /tmp or ~/.cache.
+        assert [m["name"] for m in ray["volumeMounts"]].count(mount["name"]) == 1, where
+        volume = volumes[mount["name"]]
+        if "emptyDir" in volume:
+            empty_dir = volume["emptyDir"]
+            assert empty_dir.get("medium") != "Memory", f"{where}: engines on disk, not in the Pod's memory"
+            assert 2**30 <= quantity(empty_dir["sizeLimit"]) <= 16 * 2**30, where
+        else:
+            claim = volume["persistentVolumeClaim"]
+            assert claim["claimName"] and not claim.get("readOnly"), where
+            assert spec["securityContext"].get("fsGroup") is not None, f"{where}: uid 1000 must be able to write"
+        assert ray["securityContext"]["readOnlyRootFilesystem"] is True, where
+        assert ray["securityContext"].get("runAsUser", spec["securityContext"].get("runAsUser")) not in (None, 0)
 
 
 def test_requests_equal_limits(rendered: tuple[str, list[dict[str, Any]]]) -> None:
@@ -863,3 +907,204 @@ def test_the_build_context_is_only_what_the_dockerfile_copies() -> None:
     copied = [a for i, a in dockerfile(K8S / "Dockerfile") if i == "COPY"]
     sources = {s for c in copied for s in c.split()[:-1] if not s.startswith("--")}
     assert sources == {"pyproject.toml", "README.md", "app"}
+
+
+def test_the_image_builds_the_tensorrt_ready_int8_model() -> None:
+    runs = [a for i, a in dockerfile(K8S / "Dockerfile") if i == "RUN"]
+    models = [r for r in runs if "python -m app.models build" in r]
+    assert len(models) == 1
+    assert "python -m app.models quantize --target tensorrt" in models[0]
+    assert 'test -f "$APP_MODEL_DIR/efficientnet_lite0-int8-trt.onnx"' in models[0]
+
+
+# TensorRT: onnxruntime-gpu's TensorRT provider links libnvinfer.so.<TensorRT major>, so the image's
+# tensorrt-cu<CUDA major>-libs must have that major (11.x ships libnvinfer.so.11, which it cannot load).
+TENSORRT_PIN = re.compile(r"tensorrt-cu(\d+)-libs==(\d+)\.(\d+)(?:\.\*|(?:\.\d+)*)(?=[\s\"']|$)")
+PROVIDERS = ("libonnxruntime_providers_cuda.so", "libonnxruntime_providers_tensorrt.so")
+
+
+def _runs() -> list[str]:
+    return [a for i, a in dockerfile(K8S / "Dockerfile") if i == "RUN"]
+
+
+def _tensorrt_pin() -> tuple[int, int, str]:
+    """(CUDA major, TensorRT major, the RUN holding the pin) of the one tensorrt libs pin."""
+    hits = [(m, r) for r in _runs() for m in TENSORRT_PIN.finditer(r)]
+    assert len(hits) == 1, f"k8s/Dockerfile must pin tensorrt-cu<N>-libs==X.Y.* exactly once, found {len(hits)}"
+    match, run = hits[0]
+    return int(match.group(1)), int(match.group(2)), run
+
+
+def _needed(lib: Path) -> list[str]:
+    """The NEEDED entries of a shared library's dynamic section, read with readelf."""
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf (binutils) is not installed")
+    if not lib.is_file():
+        pytest.skip(f"{lib.name} is not installed here (onnxruntime-gpu on Linux x86_64 only)")
+    out = subprocess.run([readelf, "-d", str(lib)], capture_output=True, text=True, check=True, timeout=60).stdout
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+    assert needed, f"readelf found no NEEDED entries in {lib}"
+    return needed
+
+
+def _soname_majors(needed: list[str], name: str) -> set[int]:
+    return {int(m.group(1)) for n in needed if (m := re.fullmatch(rf"{re.escape(name)}\.so\.(\d+)", n))}
+
+
+def _onnxruntime_capi() -> Path:
+    spec = importlib.util.find_spec("onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("onnxruntime is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "capi"
+
+
+def test_dockerfile_pins_tensorrt_10_for_cuda_13() -> None:
+    cuda, major, _ = _tensorrt_pin()
+    assert major == 10, f"tensorrt-cu{cuda}-libs=={major}.*: the TensorRT provider loads libnvinfer.so.10"
+    assert k8s.GPU_PLATFORM.startswith(f"cu{cuda}"), f"cu{cuda} TensorRT on a {k8s.GPU_PLATFORM} image"
+
+
+def test_the_tensorrt_pin_matches_the_sonames_the_installed_provider_needs() -> None:
+    """`readelf -d` of the provider in this environment: libnvinfer and libnvonnxparser of the pinned
+    TensorRT major, libcudart of the pinned CUDA major."""
+    needed = _needed(_onnxruntime_capi() / "libonnxruntime_providers_tensorrt.so")
+    cuda, major, _ = _tensorrt_pin()
+    assert _soname_majors(needed, "libnvinfer") == {major}, needed
+    assert _soname_majors(needed, "libnvonnxparser") == {major}, needed
+    assert _soname_majors(needed, "libcudart") == {cuda}, needed
+    # The CUDA provider, the TensorRT provider's fallback, is built for the same CUDA major.
+    cuda_needed = _needed(_onnxruntime_capi() / "libonnxruntime_providers_cuda.so")
+    assert _soname_majors(cuda_needed, "libcudart") == {cuda}, cuda_needed
+
+
+def _fake_bin(root: Path, **scripts: str) -> dict[str, str]:
+    """An environment whose PATH finds these shell scripts (named by keyword) before the real tools."""
+    bin_dir = root / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, body in scripts.items():
+        path = bin_dir / name
+        path.write_text("#!/bin/sh\n" + body + "\n")
+        path.chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(root)}
+
+
+SHELLS = [s for s in ("sh", "bash") if shutil.which(s)]
+
+
+def _run_step(shell: str, step: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([shell, "-c", step], capture_output=True, text=True, env=env, timeout=60)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_tensorrt_is_installed_and_registered_with_the_loader_on_the_gpu_platform_only(
+    tmp_path: Path, shell: str
+) -> None:
+    """The Dockerfile's TensorRT step, run with stand-ins for pip, python and sudo."""
+    _, _, step = _tensorrt_pin()
+    trt_libs = tmp_path / "site-packages" / "tensorrt_libs"
+    trt_libs.mkdir(parents=True)
+    log = tmp_path / "log"
+    env = _fake_bin(
+        tmp_path,
+        pip=f'echo "pip $*" >> {log}',
+        python=f'echo "{trt_libs}"',
+        sudo=f'echo "sudo $*" >> {log}; if [ "$1" = tee ]; then cat >> {log}; fi',
+    )
+
+    def run(platform: str) -> tuple[int, list[str]]:
+        log.write_text("")
+        proc = _run_step(shell, step, dict(env, RAY_PLATFORM=platform))
+        return proc.returncode, log.read_text().splitlines()
+
+    assert run("cpu") == (0, []), "the CPU image installs no TensorRT"
+    # Nothing installed, TensorRT 11's libnvinfer, no ONNX parser: each fails the build.
+    for libs in ((), ("libnvinfer.so.11", "libnvonnxparser.so.10"), ("libnvinfer.so.10",)):
+        for old in trt_libs.iterdir():
+            old.unlink()
+        for lib in libs:
+            (trt_libs / lib).touch()
+        rc, calls = run(k8s.GPU_PLATFORM)
+        assert rc != 0 and "sudo ldconfig" not in calls, f"{libs}: TensorRT 10 incomplete, the build must fail"
+    (trt_libs / "libnvonnxparser.so.10").touch()
+    rc, calls = run(k8s.GPU_PLATFORM)
+    assert rc == 0, calls
+    [pip] = [c for c in calls if c.startswith("pip ")]
+    assert pip.startswith("pip install ") and TENSORRT_PIN.search(pip), pip
+    conf = [i for i, c in enumerate(calls) if re.fullmatch(r"sudo tee /etc/ld\.so\.conf\.d/\S+\.conf", c)]
+    assert len(conf) == 1 and calls[conf[0] + 1] == str(trt_libs), f"tensorrt_libs/ is not on the loader path: {calls}"
+    assert calls[-1] == "sudo ldconfig", calls
+    rc, _ = run("cu128")
+    assert rc != 0, "a platform without a TensorRT pin must fail the build, not skip TensorRT"
+
+
+def _ldd_step() -> str:
+    steps = [r for r in _runs() if re.search(r"(^|[\s;&|(])ldd\s", r)]
+    assert len(steps) == 1, "k8s/Dockerfile must check the providers' libraries with ldd in one RUN"
+    return steps[0]
+
+
+def test_the_ldd_check_runs_after_the_libraries_and_onnxruntime_are_installed() -> None:
+    runs = _runs()
+    step = _ldd_step()
+    assert "not found" in step and all(p in step for p in PROVIDERS)
+    _, _, trt = _tensorrt_pin()
+    project = next(i for i, r in enumerate(runs) if r.startswith("pip install /tmp/src"))
+    assert runs.index(trt) < project < runs.index(step)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_the_build_fails_when_ldd_finds_a_provider_library_missing(tmp_path: Path, shell: str) -> None:
+    """The Dockerfile's ldd step, run with a stand-in ldd: any "not found" fails the GPU build, except
+    libcuda.so.1 (the driver, mounted into GPU Pods at run time); the CPU build does not check."""
+    step = _ldd_step()
+    capi = tmp_path / "capi"
+    capi.mkdir()
+    for provider in PROVIDERS:
+        (capi / provider).touch()
+    ldd_out = tmp_path / "ldd"
+    ldd_out.mkdir()
+    env = _fake_bin(tmp_path, python=f'echo "{capi}"', ldd=f'cat "{ldd_out}/$(basename "$1")"')
+    resolved = "\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f0000000000)\n"
+    driver = "\tlibcuda.so.1 => not found\n"
+
+    def run(platform: str = k8s.GPU_PLATFORM, **outputs: str) -> subprocess.CompletedProcess[str]:
+        for provider in PROVIDERS:
+            (ldd_out / provider).write_text(outputs.get(provider.split("_")[-1].removesuffix(".so"), resolved))
+        return _run_step(shell, step, dict(env, RAY_PLATFORM=platform))
+
+    ok = run(cuda=resolved + driver + "\tlibcublasLt.so.13 => /usr/local/cuda/lib64/libcublasLt.so.13 (0x1)\n")
+    assert ok.returncode == 0, ok.stderr
+    bad = run(tensorrt=resolved + "\tlibnvinfer.so.10 => not found\n")
+    assert bad.returncode != 0 and "libnvinfer.so.10" in bad.stderr
+    bad = run(cuda=driver + "\tlibcudnn.so.9 => not found\n")
+    assert bad.returncode != 0 and "libcudnn.so.9" in bad.stderr and "libcuda.so.1" not in bad.stderr
+    assert run("cpu", tensorrt="\tlibnvinfer.so.10 => not found\n").returncode == 0
+    (ldd_out / PROVIDERS[1]).unlink()  # ldd itself fails
+    assert _run_step(shell, step, dict(env, RAY_PLATFORM=k8s.GPU_PLATFORM)).returncode != 0
+    (capi / PROVIDERS[0]).unlink()
+    missing = run()
+    assert missing.returncode != 0 and PROVIDERS[0] in missing.stderr
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_the_ldd_check_agrees_with_ldd_on_the_installed_providers(tmp_path: Path, shell: str) -> None:
+    """The same step with the real ldd and this environment's onnxruntime: it fails exactly when some
+    library other than the driver does not resolve here (on a machine without TensorRT: it fails)."""
+    ldd = shutil.which("ldd")
+    capi = _onnxruntime_capi()
+    if ldd is None or not all((capi / p).is_file() for p in PROVIDERS):
+        pytest.skip("needs ldd and onnxruntime-gpu's provider libraries")
+    unresolved = set()
+    for provider in PROVIDERS:
+        out = subprocess.run([ldd, str(capi / provider)], capture_output=True, text=True, timeout=60).stdout
+        unresolved |= set(re.findall(r"^\s*(\S+) => not found", out, re.M)) - {"libcuda.so.1"}
+    env = _fake_bin(tmp_path, python=f'exec "{sys.executable}" "$@"')
+    env["PATH"] = f"{env['PATH']}:{Path(ldd).parent}"
+    proc = _run_step(shell, _ldd_step(), dict(env, RAY_PLATFORM=k8s.GPU_PLATFORM))
+    if unresolved:
+        assert proc.returncode != 0, proc.stdout
+        # The first provider with a missing library is reported, each of its missing libraries named.
+        assert any(lib in proc.stderr for lib in unresolved), proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr
