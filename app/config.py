@@ -12,13 +12,17 @@ the field instead of being silently ignored.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.models import MODEL_NAME, default_files
+
+if TYPE_CHECKING:
+    from app.runtime.plan import RuntimeOptions
 
 
 class _Strict(BaseModel):
@@ -30,6 +34,50 @@ class VariantArgs(_Strict):
 
     model_path: str = Field(description="ONNX file; a relative path is relative to the working directory")
     description: str = Field("", description="shown in GET /v1/models")
+    precision: Literal["fp32", "int8"] = Field(
+        "fp32", description="what the file holds; int8 turns on TensorRT's INT8 mode and the slow-INT8 check"
+    )
+    engine: Literal["auto", "tensorrt", "cuda", "openvino", "cpu"] = Field(
+        "auto",
+        description="auto: TensorRT then CUDA on a GPU replica; on a CPU replica OpenVINO or ONNX Runtime's "
+        "CPU EP, whichever measures faster at warm-up. Any other value insists on that engine",
+    )
+    fp16: bool = Field(False, description="let TensorRT use FP16 kernels too (TensorRT only)")
+    allow_slow_int8: bool = Field(
+        False, description="serve an INT8 variant on the CUDA EP without TensorRT (slower than FP32 there)"
+    )
+
+
+class TensorRTArgs(_Strict):
+    """TensorRT engine builds: cached per model, ONNX Runtime, TensorRT and GPU, so only a node's first start builds."""
+
+    cache_dir: str | None = Field(
+        None, description="engines and timing caches; default $APP_TRT_CACHE_DIR, else /tmp/app-trt-cache"
+    )
+    max_batch_size: int = Field(
+        64, gt=0, le=1024, description="the optimisation profile spans batch 1..this; max_batch_size may not exceed it"
+    )
+    workspace_bytes: int = Field(
+        2 << 30, gt=0, description="TensorRT builder workspace (tactics that need more: skipped)"
+    )
+    builder_optimization_level: int = Field(
+        3, ge=0, le=5, description="TensorRT's default 3; 4-5 search longer at build time for a few percent"
+    )
+    timing_cache: bool = Field(True, description="keep layer timings so a rebuild (new batch range) is fast")
+
+    def resolved_cache_dir(self) -> str:
+        return self.cache_dir or os.environ.get("APP_TRT_CACHE_DIR") or "/tmp/app-trt-cache"
+
+
+class SpeedGateArgs(_Strict):
+    """Each variant other than `baseline` must be `min_speedup` times as fast as it, measured on its own node."""
+
+    baseline: str = Field(description="the variant the others are compared with (e.g. fp32)")
+    min_speedup: float = Field(1.2, gt=0, description="variant img/s / baseline img/s at max_batch_size")
+    action: Literal["warn", "fail"] = Field(
+        "warn",
+        description="warn: a log line, a metric and a flag in /v1/models; fail: the slower variant's replicas fail",
+    )
 
 
 class Limits(_Strict):
@@ -54,7 +102,9 @@ class AppArgs(_Strict):
     model_name: str = Field(MODEL_NAME, description="name reported to clients")
     variants: dict[str, VariantArgs] = Field(
         default_factory=lambda: {
-            "int8": VariantArgs(model_path=str(default_files().int8), description="INT8 QDQ, static PTQ"),
+            "int8": VariantArgs(
+                model_path=str(default_files().int8), description="INT8 QDQ, static PTQ", precision="int8"
+            ),
             "fp32": VariantArgs(model_path=str(default_files().fp32), description="FP32 reference"),
         },
         description="variant name -> model; each becomes deployment Classifier_<name>",
@@ -73,6 +123,16 @@ class AppArgs(_Strict):
         None, gt=0, le=256, description="ONNX Runtime threads per Classifier; default: the replica's num_cpus"
     )
     limits: Limits = Field(default_factory=Limits)
+    tensorrt: TensorRTArgs = Field(default_factory=TensorRTArgs)
+    speed_gate: SpeedGateArgs | None = Field(None, description="refuse or flag variants not faster than a baseline")
+
+    @model_validator(mode="after")
+    def _gate_baseline_known(self) -> AppArgs:
+        if self.speed_gate is not None and self.speed_gate.baseline not in self.variants:
+            raise ValueError(
+                f"speed_gate.baseline {self.speed_gate.baseline!r} is not a variant ({sorted(self.variants)})"
+            )
+        return self
 
     @field_validator("variants")
     @classmethod
@@ -88,9 +148,37 @@ class AppArgs(_Strict):
         """Relative model paths are relative to the directory `serve run` / `serve deploy` was started in."""
         return Path(path).absolute()
 
+    def may_use_tensorrt(self, variant: str) -> bool:
+        return self.device != "cpu" and self.variants[variant].engine in ("auto", "tensorrt")
+
+    def runtime_options(self, variant: str, gpu: bool, threads: int, streams: int) -> RuntimeOptions:
+        """How `variant` runs in a replica that was (`gpu`) or was not granted a GPU."""
+        from app.runtime.plan import RuntimeOptions, TensorRTOptions
+
+        v = self.variants[variant]
+        trt = self.tensorrt
+        return RuntimeOptions(
+            threads=threads,
+            streams=streams,
+            engine=v.engine,
+            precision=v.precision,
+            fp16=v.fp16,
+            prefer_gpu=self.device == "cuda" or (self.device == "auto" and gpu),
+            require_gpu=self.require_gpu,
+            allow_slow_int8=v.allow_slow_int8,
+            gpu_mem_limit_bytes=self.gpu_mem_limit_bytes,
+            tensorrt=TensorRTOptions(
+                cache_dir=trt.resolved_cache_dir(),
+                max_batch_size=trt.max_batch_size,
+                workspace_bytes=trt.workspace_bytes,
+                builder_optimization_level=trt.builder_optimization_level,
+                timing_cache=trt.timing_cache,
+            ),
+        )
+
     def is_default_model(self, path: Path) -> bool:
         files = default_files(path.parent)
-        return path in (files.fp32, files.int8)
+        return path in (files.fp32, files.int8, files.int8_trt)
 
 
 class RouterConfig(_Strict):
@@ -180,6 +268,11 @@ def validate_serve_config(cfg: dict, app_index: int = 0) -> AppArgs:
         name = classifier_deployment_name(variant)
         c = field(name, ClassifierConfig)
         assert isinstance(c, ClassifierConfig)
+        if args.may_use_tensorrt(variant) and c.max_batch_size > args.tensorrt.max_batch_size:
+            raise ValueError(
+                f"deployments[{name}].user_config.max_batch_size ({c.max_batch_size}) exceeds "
+                f"args.tensorrt.max_batch_size ({args.tensorrt.max_batch_size}), the TensorRT profile's largest batch"
+            )
         max_ongoing = deployments.get(name, {}).get("max_ongoing_requests")
         if max_ongoing is not None:
             try:

@@ -11,18 +11,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import dataclasses
 import functools
-import gc
 import logging
 import random
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,13 +32,15 @@ from starlette.responses import JSONResponse, Response
 
 from app import v2
 from app.abstats import ABStats, compare_top
-from app.config import AppArgs, ClassifierConfig, RouterConfig
+from app.config import AppArgs, RouterConfig
 from app.errors import ServiceError, find_service_error
-from app.metrics import STAGES, ClassifierMetrics, RouterMetrics
+from app.metrics import STAGES, RouterMetrics
 from app.multipart import parse_multipart
+from app.payloads import Pixels, Scores
 from app.preprocess import preprocess, probe_dimensions
 from app.routing import Choice, VariantHealth, WeightedSplit, candidates, choose_variant
-from app.runtime import CPU, CUDA, ModelLoadError, ModelRunner, RuntimeOptions, summarize_profile, threads_for
+from app.runtime import softmax
+from app.serve_internals import replica_id
 
 logger = logging.getLogger("ray.serve")
 
@@ -90,24 +87,7 @@ def _request_id(request: Request) -> str:
     return rid or request.headers.get("x-request-id") or uuid.uuid4().hex
 
 
-def _replica_id() -> str:
-    try:
-        return serve.get_replica_context().replica_id.unique_id
-    except Exception:  # outside a replica (unit use)
-        return "local"
-
-
 # --------------------------------------------------------------------------- Preprocessor
-
-
-@dataclass
-class Pixels:
-    """What the Preprocessor hands the Classifier: uint8 [N, H, W, 3] plus where its time went."""
-
-    array: np.ndarray
-    preprocess_ms: float
-    errors: dict[int, ServiceError]  # per-image failures of a multi-image request, by position
-    positions: list[int]  # positions of array rows in the original request
 
 
 @serve.deployment(name="Preprocessor", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=32)
@@ -118,7 +98,7 @@ class Preprocessor:
         self.max_pixels = max_pixels
 
     def describe(self) -> dict[str, Any]:
-        return {"replica_id": _replica_id(), "node_id": ray.get_runtime_context().get_node_id()}
+        return {"replica_id": replica_id(), "node_id": ray.get_runtime_context().get_node_id()}
 
     def many(self, images: list[bytes], size: int) -> Pixels:
         """The images of one request, or of a group the Router coalesced; a bad one fails only its position."""
@@ -132,323 +112,6 @@ class Preprocessor:
                 errors[i] = e
         array = np.stack(rows) if rows else np.zeros((0, size, size, 3), np.uint8)
         return Pixels(array, _ms(time.perf_counter() - t0), errors, positions)
-
-
-# --------------------------------------------------------------------------- Classifier
-
-
-@dataclass
-class Scores:
-    """The Classifier's answer for one request: top-k per image and the batch it rode in."""
-
-    top: list[list[tuple[int, float]]]  # per row: (class_id, probability), best first
-    preprocess_ms: float
-    queue_ms: float
-    inference_ms: float
-    batch_size: int
-    variant: str
-    provider: str
-    errors: dict[int, ServiceError]
-    positions: list[int]
-    logits: np.ndarray | None = None  # [N, classes] when the caller asked for full outputs (V2 protocol)
-
-
-@dataclass
-class _Item:
-    pixels: np.ndarray
-    arrived: float
-
-
-@dataclass
-class _Done:
-    logits: np.ndarray
-    queue_ms: float
-    inference_ms: float
-    batch_size: int
-
-
-def _top_k(probs: np.ndarray, k: int) -> list[tuple[int, float]]:
-    k = min(k, probs.shape[-1])
-    idx = np.argpartition(-probs, k - 1)[:k]
-    idx = idx[np.argsort(-probs[idx])]
-    return [(int(i), float(probs[i])) for i in idx]
-
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    z = logits - logits.max(axis=1, keepdims=True)
-    np.exp(z, out=z)
-    z /= z.sum(axis=1, keepdims=True)
-    return z
-
-
-class _Profiling:
-    """ONNX Runtime profiling for the next N batches only, on a second session, then off by itself.
-
-    ORT can only profile a session created with profiling on, so a profiling twin of the
-    serving session takes the next N batches; at the end its trace is written, summarised
-    into the log and kept (at most MAX_TRACES per directory), and the twin is dropped.
-    """
-
-    MAX_TRACES = 10
-
-    def __init__(self, variant: str, model_path: str, opts: RuntimeOptions) -> None:
-        self.variant, self.model_path, self.opts = variant, model_path, opts
-        self.lock = threading.Lock()
-        self.runner: ModelRunner | None = None
-        self.left = 0
-        self.last: dict[str, Any] | None = None
-
-    def start(self, batches: int, directory: str, replica_id: str) -> None:
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        prefix = str(out / f"{self.variant}-{replica_id}-{int(time.time())}")
-        runner = ModelRunner(self.model_path, dataclasses.replace(self.opts, profile_prefix=prefix))
-        with self.lock:
-            self.runner, self.left = runner, batches
-        logger.info("Classifier_%s profiling the next %d batches into %s", self.variant, batches, out)
-
-    def take(self) -> ModelRunner | None:
-        with self.lock:
-            return self.runner if self.left > 0 else None
-
-    def done_one(self) -> None:
-        with self.lock:
-            self.left -= 1
-            if self.left > 0 or self.runner is None:
-                return
-            runner, self.runner = self.runner, None
-        trace = runner.end_profiling()
-        runner.close()
-        if trace:
-            summary = summarize_profile(trace)
-            self.last = {"trace": trace, **summary}
-            logger.info(
-                "Classifier_%s profile %s: most expensive %s; most frequent %s",
-                self.variant,
-                trace,
-                summary["most_expensive"],
-                summary["most_frequent"],
-            )
-            traces = sorted(Path(trace).parent.glob(f"{self.variant}-*.json"), key=lambda p: p.stat().st_mtime)
-            for old in traces[: -self.MAX_TRACES]:
-                old.unlink(missing_ok=True)
-
-    def state(self) -> dict[str, Any]:
-        with self.lock:
-            return {"active": self.runner is not None, "batches_left": self.left, "last": self.last}
-
-
-@serve.deployment(name="Classifier", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=32)
-class Classifier:
-    """One model variant: an ONNX Runtime session behind dynamic batching."""
-
-    def __init__(
-        self,
-        variant: str,
-        model_path: str,
-        device: str = "auto",
-        require_gpu: bool = False,
-        gpu_mem_limit_bytes: int | None = None,
-        intra_op_threads: int | None = None,
-    ) -> None:
-        self.variant = variant
-        resources = ray.get_runtime_context().get_assigned_resources()
-        self.num_cpus = float(resources.get("CPU", 1.0))
-        gpu_ids = ray.get_gpu_ids()
-        prefer_gpu = device == "cuda" or (device == "auto" and bool(gpu_ids))
-        opts = RuntimeOptions(
-            threads=intra_op_threads or threads_for(self.num_cpus),
-            prefer_gpu=prefer_gpu,
-            require_gpu=require_gpu,
-            gpu_mem_limit_bytes=gpu_mem_limit_bytes,
-        )
-        try:
-            self.runner = ModelRunner(model_path, opts)
-        except ModelLoadError as e:
-            # Raised from the constructor, this fails the replica; `serve status` shows the message.
-            raise RuntimeError(f"Classifier_{variant}: {e}") from e
-        self.replica_id = _replica_id()
-        self.cfg: ClassifierConfig | None = None
-        self._batch: Callable[[_Item], Awaitable[_Done]] | None = None
-        self._executor: ThreadPoolExecutor | None = None
-        self._warmed_to = 0
-        self._profile = _Profiling(variant, model_path, opts)
-        self.metrics = ClassifierMetrics()
-        self._report_provider()
-        logger.info(
-            "Classifier_%s loaded %s on %s (requested %s), %d intra-op threads",
-            variant,
-            model_path,
-            self.runner.active_provider,
-            self.runner.requested_providers,
-            opts.threads,
-        )
-
-    # -- configuration (live) ------------------------------------------------------
-
-    def reconfigure(self, config: dict[str, Any]) -> None:
-        cfg = ClassifierConfig.model_validate(config or {})
-        try:
-            max_ongoing = serve.get_replica_context()._deployment_config.max_ongoing_requests
-        except Exception:
-            max_ongoing = None
-        if max_ongoing is not None:
-            try:
-                cfg.check_against(max_ongoing)
-            except ValueError as e:
-                if self.cfg is None:
-                    raise  # at deploy: the replica fails to start, naming the field
-                # Live: Serve runs reconfigure before it updates max_ongoing_requests in the replica's
-                # context, so a deploy raising both would be judged against the old value here.
-                # `python -m app.config` checks the file itself before any deploy.
-                logger.warning("Classifier_%s: %s (judged against the previous max_ongoing_requests)", self.variant, e)
-        if self._batch is None or self.cfg is None or cfg.max_concurrent_batches != self.cfg.max_concurrent_batches:
-            # max_concurrent_batches has no live setter in serve.batch: make a new batcher (old one drains).
-            if self._executor is not None:
-                self._executor.shutdown(wait=False)  # its queued batches still finish
-            self._executor = ThreadPoolExecutor(cfg.max_concurrent_batches, thread_name_prefix="ort")
-            self._batch = serve.batch(
-                max_batch_size=cfg.max_batch_size,
-                batch_wait_timeout_s=cfg.batch_wait_timeout_s,
-                max_concurrent_batches=cfg.max_concurrent_batches,
-                batch_size_fn=lambda items: sum(len(it.pixels) for it in items),
-            )(self._run_batch)
-        else:
-            self._batch.set_max_batch_size(cfg.max_batch_size)  # type: ignore[attr-defined]
-            self._batch.set_batch_wait_timeout_s(cfg.batch_wait_timeout_s)  # type: ignore[attr-defined]
-        if cfg.warmup and self._warmed_to < cfg.max_batch_size:
-            self._warm_up(cfg.max_batch_size)
-        if cfg.profile_batches != (self.cfg.profile_batches if self.cfg else 0) and cfg.profile_batches > 0:
-            self._profile.start(cfg.profile_batches, cfg.profile_dir, self.replica_id)
-        self.cfg = cfg
-        logger.info(
-            "Classifier_%s batching: max_batch_size=%d batch_wait_timeout_s=%s max_concurrent_batches=%d",
-            self.variant,
-            cfg.max_batch_size,
-            cfg.batch_wait_timeout_s,
-            cfg.max_concurrent_batches,
-        )
-
-    def _warm_up(self, up_to: int) -> None:
-        """Every batch size once, so no user request pays for first-run allocation."""
-        t0 = time.perf_counter()
-        for n in range(self._warmed_to + 1, up_to + 1):
-            self.runner.logits(self.runner.dummy_batch(n))
-        self._warmed_to = up_to
-        gc.collect()
-        gc.freeze()  # the model and warm-up garbage are long-lived: keep them out of every GC pass
-        logger.info("Classifier_%s warmed up batch sizes 1..%d in %.1fs", self.variant, up_to, time.perf_counter() - t0)
-
-    # -- requests ---------------------------------------------------------------------
-
-    async def __call__(self, pixels: Pixels, top_k: int, full: bool = False, rows: list[int] | None = None) -> Scores:
-        """Top-k per image; with `full`, the whole logits rows too (for the V2 protocol's outputs).
-
-        `rows` picks some images of `pixels` (a shadow run compares only the sampled ones).
-        """
-        return await self._classify(pixels, top_k, full, rows)
-
-    async def _classify(self, pixels: Pixels, top_k: int, full: bool = False, rows: list[int] | None = None) -> Scores:
-        assert self._batch is not None and self.cfg is not None, "reconfigure runs before any request"
-        arrived = time.perf_counter()
-        array = self._check_pixels(pixels.array)
-        if rows is not None:
-            array = array[rows]
-        step = self.cfg.max_batch_size
-        chunks = [array[i : i + step] for i in range(0, len(array), step)] if len(array) else []
-        done = await asyncio.gather(*(self._batch(_Item(c, arrived)) for c in chunks))
-        logits = done[0].logits if len(done) == 1 else np.concatenate([d.logits for d in done]) if done else None
-        top = [_top_k(row, top_k) for row in _softmax(logits.copy())] if logits is not None else []
-        return Scores(
-            top=top,
-            preprocess_ms=pixels.preprocess_ms,
-            queue_ms=max((d.queue_ms for d in done), default=0.0),
-            inference_ms=sum(d.inference_ms for d in done),
-            batch_size=max((d.batch_size for d in done), default=0),
-            variant=self.variant,
-            provider=self.runner.active_provider,
-            errors=pixels.errors,
-            positions=pixels.positions,
-            logits=logits if full else None,
-        )
-
-    def _check_pixels(self, array: np.ndarray) -> np.ndarray:
-        spec = self.runner.spec
-        want = (spec.height, spec.width, 3)
-        if array.ndim != 4 or tuple(array.shape[1:]) != want or array.dtype != np.uint8:
-            raise ServiceError(
-                "invalid_parameter",
-                f"pixels must be uint8 [N, {want[0]}, {want[1]}, 3], got {array.dtype} {array.shape}",
-            )
-        return array
-
-    async def _run_batch(self, items: list[_Item]) -> list[_Done]:
-        started = time.perf_counter()
-        x = items[0].pixels if len(items) == 1 else np.concatenate([it.pixels for it in items])
-        loop = asyncio.get_running_loop()
-        # ONNX Runtime releases the GIL; running it off the event loop keeps requests flowing into the queue.
-        logits = await loop.run_in_executor(self._executor, self._infer, x)
-        inference_ms = _ms(time.perf_counter() - started)
-        self.metrics.batch_size.observe(len(x), tags={"variant": self.variant})
-        self.metrics.batch_ms.observe(inference_ms, tags={"variant": self.variant})
-        out, row = [], 0
-        for it in items:
-            n = len(it.pixels)
-            out.append(_Done(logits[row : row + n], _ms(started - it.arrived), inference_ms, len(x)))
-            row += n
-        return out
-
-    def _infer(self, x: np.ndarray) -> np.ndarray:
-        profiler = self._profile.take()
-        if profiler is not None:
-            try:
-                return profiler.logits(x)
-            finally:
-                self._profile.done_one()
-        return self.runner.logits(x)
-
-    # -- introspection -------------------------------------------------------------------
-
-    def describe(self) -> dict[str, Any]:
-        cfg = self.cfg or ClassifierConfig()
-        return {
-            "variant": self.variant,
-            "model_file": str(self.runner.path),
-            "execution_provider": self.runner.active_provider,
-            "requested_providers": self.runner.requested_providers,
-            "on_gpu": self.runner.active_provider == CUDA,
-            "fell_back_to_cpu": CUDA in self.runner.requested_providers and self.runner.active_provider == CPU,
-            "intra_op_threads": self.runner.opts.threads,
-            "num_cpus": self.num_cpus,
-            "batching": {
-                "max_batch_size": cfg.max_batch_size,
-                "batch_wait_timeout_s": cfg.batch_wait_timeout_s,
-                "max_concurrent_batches": cfg.max_concurrent_batches,
-            },
-            "warmed_up_to": self._warmed_to,
-            "profiling": self._profile.state(),
-            "input": self.runner.spec.describe(),
-            "replica_id": self.replica_id,
-            "node_id": ray.get_runtime_context().get_node_id(),
-        }
-
-    def ready(self) -> bool:
-        return self.runner.alive and self.cfg is not None and (not self.cfg.warmup or self._warmed_to > 0)
-
-    def check_health(self) -> None:
-        if not self.runner.alive:
-            raise RuntimeError(f"Classifier_{self.variant}: the ONNX Runtime session is gone")
-        self._report_provider()  # re-set with every health check so the series never goes stale
-
-    def _report_provider(self) -> None:
-        self.metrics.provider.set(
-            1,
-            tags={
-                "variant": self.variant,
-                "provider": self.runner.active_provider,
-                "requested": ",".join(self.runner.requested_providers),
-            },
-        )
 
 
 # --------------------------------------------------------------------------- A/B ledger
@@ -542,7 +205,7 @@ class Router:
         self.cfg: RouterConfig | None = None
         self.split: WeightedSplit | None = None
         self._specs: dict[str, dict[str, Any]] = {}
-        self.replica_id = _replica_id()
+        self.replica_id = replica_id()
         self.rng = random.Random()
         self.metrics = RouterMetrics()
         self.stats = ABStats()
@@ -974,9 +637,7 @@ class Router:
             scores, reason, failed_over, _ = await self._infer(request, method, payload, req.max_k, t0, choice, full)
         if scores.errors:  # the protocol has no per-item errors: the first bad image fails the request
             raise scores.errors[min(scores.errors)]
-        probabilities = (
-            _softmax(scores.logits.copy()) if req.needs_probabilities and scores.logits is not None else None
-        )
+        probabilities = softmax(scores.logits) if req.needs_probabilities and scores.logits is not None else None
         model_name = v2.model_name_for(self.args.model_name, pinned)
         out, headers = v2.encode_infer_response(
             req,

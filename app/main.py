@@ -11,8 +11,9 @@ from pathlib import Path
 from pydantic import ValidationError
 from ray.serve import Application
 
+from app.classifier import Classifier
 from app.config import AppArgs, classifier_deployment_name
-from app.deployments import ABLedger, Classifier, Preprocessor, Router
+from app.deployments import ABLedger, Preprocessor, Router
 from app.models import ModelFiles
 
 logger = logging.getLogger("ray.serve")
@@ -28,15 +29,16 @@ def ensure_models(args: AppArgs) -> None:
     missing = {name: p for name, p in missing.items() if not p.is_file()}
     buildable = {name: p for name, p in missing.items() if args.build_default_models and args.is_default_model(p)}
     for root in {p.parent for p in buildable.values()}:
-        build_default_models(ModelFiles(root))
+        files = ModelFiles(root)
+        build_default_models(files, tensorrt=files.int8_trt in buildable.values())
     still = {name: p for name, p in missing.items() if not p.is_file()}
     if still and args.check_model_files:
         name, path = next(iter(sorted(still.items())))
         raise ConfigError(f"variants.{name}.model_path: model file not found: {path}")
 
 
-def build_default_models(files: ModelFiles) -> None:
-    """FP32 + INT8 + report, once, under a file lock (several builders may race on one machine)."""
+def build_default_models(files: ModelFiles, tensorrt: bool = False) -> None:
+    """FP32 + INT8 (+ the TensorRT INT8 when a variant uses it), once, under a file lock (builders may race)."""
     from app.models.build import build_fp32
     from app.models.quantize import QuantizeOptions, quantize
     from app.models.samples import augmented_samples
@@ -49,6 +51,9 @@ def build_default_models(files: ModelFiles) -> None:
         if not files.int8.is_file():
             logger.info("quantizing %s -> %s (first start only)", files.fp32, files.int8)
             quantize(files.fp32, files.int8, augmented_samples(64, 0), QuantizeOptions())
+        if tensorrt and not files.int8_trt.is_file():
+            logger.info("quantizing %s -> %s for TensorRT (first start only)", files.fp32, files.int8_trt)
+            quantize(files.fp32, files.int8_trt, augmented_samples(64, 0), QuantizeOptions(target="tensorrt"))
 
 
 def load_labels(args: AppArgs) -> list[str]:
@@ -69,15 +74,10 @@ def build_app(args: AppArgs) -> Application:
     """Router -> Preprocessor -> Classifier_<variant> for every variant in `args`."""
     ensure_models(args)
     classifiers = {
-        name: Classifier.options(name=classifier_deployment_name(name)).bind(  # type: ignore[attr-defined]
-            name,
-            str(args.resolved_path(v.model_path)),
-            args.device,
-            args.require_gpu,
-            args.gpu_mem_limit_bytes,
-            args.intra_op_threads,
-        )
-        for name, v in args.variants.items()
+        name: Classifier.options(  # type: ignore[attr-defined]
+            name=classifier_deployment_name(name)
+        ).bind(name, args.model_dump())
+        for name in args.variants
     }
     preprocessor = Preprocessor.bind(args.limits.max_pixels)  # type: ignore[attr-defined]
     return Router.bind(  # type: ignore[attr-defined]

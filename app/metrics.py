@@ -71,3 +71,18 @@ class ClassifierMetrics:
             "1 for the execution provider really active in this replica",
             tag_keys=("variant", "provider", "requested"),
         )
+        self.measured = Gauge(
+            "app_engine_images_per_second",
+            "Throughput this replica measured on its own engine at warm-up",
+            tag_keys=("variant", "engine", "batch"),
+        )
+        self.speed_gate = Gauge(
+            "app_speed_gate_passed",
+            "1 if this variant met speed_gate.min_speedup against its baseline on this node, else 0",
+            tag_keys=("variant", "baseline"),
+        )
+        self.speedup = Gauge(
+            "app_speed_gate_speedup",
+            "This variant's img/s divided by the baseline's, measured on this node at warm-up",
+            tag_keys=("variant", "baseline"),
+        )

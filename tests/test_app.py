@@ -110,12 +110,26 @@ def test_models_health_and_readiness(local_app: ServeDeployer) -> None:
     assert set(models["variants"]) == {"int8", "fp32"}
     for name, v in models["variants"].items():
         assert v["deployment"] == f"Classifier_{name}"
-        assert v["execution_provider"] == "CPUExecutionProvider"
-        assert v["fell_back_to_cpu"] is False
+        # auto on a CPU replica: OpenVINO and the CPU EP were both measured; the faster serves.
+        assert set(v["engine_candidates"]) == {"openvino", "cpu"}
+        fastest = max(v["engine_candidates"], key=lambda e: v["engine_candidates"][e]["img_per_s"])
+        assert v["engine"] == fastest
+        assert v["execution_provider"] == {"openvino": "OpenVINO", "cpu": "CPUExecutionProvider"}[v["engine"]]
+        assert v["fell_back_to_cpu"] is False and v["on_gpu"] is False
+        assert v["precision"] == name
+        measured = v["measured"]
+        assert set(measured) == {"batch_1", "batch_16"}
+        assert measured["batch_16"]["batch"] == 16 and measured["batch_16"]["img_per_s"] > 0
+        assert measured["batch_16"]["parallel"] == 2  # max_concurrent_batches: measured as it serves
         assert v["model_file"].endswith(f"efficientnet_lite0-{name}.onnx")
         assert v["batching"]["max_batch_size"] == 16
         assert v["warmed_up_to"] == 16
         assert v["intra_op_threads"] == 1  # num_cpus 0.5 -> one thread, never more than the share
+    # local.yaml's speed gate: the INT8 replica measured the FP32 model beside itself (warn: a flag, no refusal).
+    gate = models["variants"]["int8"]["speed_gate"]
+    assert gate["baseline"] == "fp32" and gate["action"] == "warn" and gate["min_speedup"] == 1.2
+    assert gate["passed"] == (gate["speedup"] >= 1.2) and gate["variant_img_per_s"] > 0
+    assert "speed_gate" not in models["variants"]["fp32"]
     assert models["routing"]["override_header"] == "X-Model-Variant"
 
 

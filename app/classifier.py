@@ -1,0 +1,325 @@
+"""The Classifier deployment: one model variant on the fastest correct engine of its node, batched."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+from ray import serve
+
+from app.config import AppArgs, ClassifierConfig
+from app.errors import ServiceError
+from app.metrics import ClassifierMetrics
+from app.payloads import Pixels, Scores
+from app.profiling_twin import ProfilingTwin
+from app.runtime import CUDA, TENSORRT, ModelLoadError, Opened, SpeedGate, open_engine, softmax, threads_for, top_k
+from app.runtime.startup import StartupReport, run_speed_gate, start_report
+from app.serve_internals import max_ongoing_requests, replica_id
+
+logger = logging.getLogger("ray.serve")
+
+
+@dataclass
+class _Item:
+    pixels: np.ndarray
+    arrived: float
+
+
+@dataclass
+class _Done:
+    logits: np.ndarray
+    queue_ms: float
+    inference_ms: float
+    batch_size: int
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)
+
+
+@serve.deployment(name="Classifier", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=32)
+class Classifier:
+    """One model variant behind dynamic batching; the engine is chosen, checked and measured at start.
+
+    The engine is opened by the first `reconfigure` (Serve runs it before the replica takes traffic):
+    how many batches run in parallel is a live user_config setting, and OpenVINO compiles for it.
+    """
+
+    def __init__(self, variant: str, args: dict[str, Any]) -> None:
+        self.variant = variant
+        self.args = AppArgs.model_validate(args)
+        self.model_path = str(self.args.resolved_path(self.args.variants[variant].model_path))
+        resources = ray.get_runtime_context().get_assigned_resources()
+        self.num_cpus = float(resources.get("CPU", 1.0))
+        self.gpu = bool(ray.get_gpu_ids())
+        self.threads = self.args.intra_op_threads or threads_for(self.num_cpus)
+        self.replica_id = replica_id()
+        self.opened: Opened | None = None
+        self.report: StartupReport | None = None
+        self.cfg: ClassifierConfig | None = None
+        self._batch: Callable[[_Item], Awaitable[_Done]] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._warmed_to = 0
+        self._profile: ProfilingTwin | None = None
+        self.metrics = ClassifierMetrics()
+
+    @property
+    def engine(self) -> Any:
+        assert self.opened is not None, "reconfigure opens the engine before any request"
+        return self.opened.engine
+
+    # -- configuration (live) ------------------------------------------------------
+
+    def reconfigure(self, config: dict[str, Any]) -> None:
+        cfg = self._checked(ClassifierConfig.model_validate(config or {}))
+        first = self.opened is None
+        if first or self._needs_reopen(cfg):
+            self._open(cfg)
+        self._set_batching(cfg)
+        if cfg.warmup and self._warmed_to < cfg.max_batch_size:
+            self._warm_up(cfg.max_batch_size)
+        if first:
+            self._measure(cfg)
+        if cfg.profile_batches != (self.cfg.profile_batches if self.cfg else 0) and cfg.profile_batches > 0:
+            assert self._profile is not None
+            self._profile.start(cfg.profile_batches, cfg.profile_dir, self.replica_id)
+        self.cfg = cfg
+        logger.info(
+            "Classifier_%s batching: max_batch_size=%d batch_wait_timeout_s=%s max_concurrent_batches=%d",
+            self.variant,
+            cfg.max_batch_size,
+            cfg.batch_wait_timeout_s,
+            cfg.max_concurrent_batches,
+        )
+
+    def _checked(self, cfg: ClassifierConfig) -> ClassifierConfig:
+        """At deploy a bad value fails the replica, naming the field; live it is logged (and clamped)."""
+        problems = []
+        max_ongoing = max_ongoing_requests()
+        if max_ongoing is not None:
+            try:
+                cfg.check_against(max_ongoing)
+            except ValueError as e:
+                # Live, Serve runs reconfigure before it updates max_ongoing_requests in the replica's
+                # context, so a deploy raising both would be judged against the old value here.
+                problems.append(str(e))
+        profile_max = self.args.tensorrt.max_batch_size
+        if self.args.may_use_tensorrt(self.variant) and cfg.max_batch_size > profile_max:
+            problems.append(
+                f"user_config.max_batch_size ({cfg.max_batch_size}) exceeds args.tensorrt.max_batch_size "
+                f"({profile_max}), the TensorRT profile's largest batch"
+            )
+            if self.cfg is not None:
+                cfg = cfg.model_copy(update={"max_batch_size": profile_max})
+        if problems and self.cfg is None:
+            raise ValueError(f"Classifier_{self.variant}: {'; '.join(problems)}")
+        for problem in problems:
+            logger.warning("Classifier_%s: %s (live change; `python -m app.config` checks it)", self.variant, problem)
+        return cfg
+
+    def _needs_reopen(self, cfg: ClassifierConfig) -> bool:
+        """OpenVINO is compiled for a number of parallel calls; ONNX Runtime sessions serve any number."""
+        return (
+            self.engine.name == "openvino"
+            and self.cfg is not None
+            and (cfg.max_concurrent_batches != self.cfg.max_concurrent_batches)
+        )
+
+    def _open(self, cfg: ClassifierConfig) -> None:
+        opts = self.args.runtime_options(self.variant, self.gpu, self.threads, cfg.max_concurrent_batches)
+        try:
+            opened = open_engine(self.variant, self.model_path, opts, measure_batch=cfg.max_batch_size)
+        except ModelLoadError as e:
+            # Raised at start, this fails the replica; `serve status` shows the message.
+            raise RuntimeError(f"Classifier_{self.variant}: {e}") from e
+        old, self.opened = self.opened, opened
+        if old is not None:
+            old.engine.close()  # batches already running on it finish: they hold their own reference
+        self._warmed_to = 0
+        self._profile = ProfilingTwin(self.variant, self.model_path, opts, opened.plan.candidates[0])
+        self._report_provider()
+        logger.info(
+            "Classifier_%s loaded %s on %s (%s), %d threads x %d parallel batches",
+            self.variant,
+            self.model_path,
+            self.engine.name,
+            self.engine.describe().get("nodes_per_provider") or self.engine.active_provider,
+            opts.threads,
+            opts.streams,
+        )
+
+    def _set_batching(self, cfg: ClassifierConfig) -> None:
+        if self._batch is None or self.cfg is None or cfg.max_concurrent_batches != self.cfg.max_concurrent_batches:
+            # max_concurrent_batches has no live setter in serve.batch: make a new batcher (old one drains).
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)  # its queued batches still finish
+            self._executor = ThreadPoolExecutor(cfg.max_concurrent_batches, thread_name_prefix="engine")
+            self._batch = serve.batch(
+                max_batch_size=cfg.max_batch_size,
+                batch_wait_timeout_s=cfg.batch_wait_timeout_s,
+                max_concurrent_batches=cfg.max_concurrent_batches,
+                batch_size_fn=lambda items: sum(len(it.pixels) for it in items),
+            )(self._run_batch)
+        else:
+            self._batch.set_max_batch_size(cfg.max_batch_size)  # type: ignore[attr-defined]
+            self._batch.set_batch_wait_timeout_s(cfg.batch_wait_timeout_s)  # type: ignore[attr-defined]
+
+    def _warm_up(self, up_to: int) -> None:
+        """Every batch size once, so no user request pays for first-run allocation."""
+        t0 = time.perf_counter()
+        for n in range(self._warmed_to + 1, up_to + 1):
+            self.engine.logits(self.engine.dummy_batch(n))
+        self._warmed_to = up_to
+        gc.collect()
+        gc.freeze()  # the model and warm-up garbage are long-lived: keep them out of every GC pass
+        logger.info("Classifier_%s warmed up batch sizes 1..%d in %.1fs", self.variant, up_to, time.perf_counter() - t0)
+
+    def _measure(self, cfg: ClassifierConfig) -> None:
+        """This replica's own throughput, and the speed gate's verdict against the baseline variant."""
+        assert self.opened is not None
+        report = start_report(self.opened, cfg.max_batch_size, cfg.max_concurrent_batches)
+        for batch, t in report.measured.items():
+            tags = {"variant": self.variant, "engine": report.engine, "batch": batch.removeprefix("batch_")}
+            self.metrics.measured.set(t.img_per_s, tags=tags)
+        gate_args = self.args.speed_gate
+        if gate_args is not None and gate_args.baseline != self.variant:
+            gate = SpeedGate(gate_args.baseline, gate_args.min_speedup, gate_args.action)
+            baseline = self.args.variants[gate.baseline]
+            opts = self.args.runtime_options(gate.baseline, self.gpu, self.threads, cfg.max_concurrent_batches)
+            path = str(self.args.resolved_path(baseline.model_path))
+            report.gate = run_speed_gate(
+                self.variant, self.engine, gate, path, opts, cfg.max_batch_size, cfg.max_concurrent_batches
+            )
+            tags = {"variant": self.variant, "baseline": gate.baseline}
+            self.metrics.speed_gate.set(1 if report.gate.passed else 0, tags=tags)
+            self.metrics.speedup.set(report.gate.speedup, tags=tags)
+            if not report.gate.passed and gate.action == "fail":
+                raise RuntimeError(f"Classifier_{self.variant}: {report.gate.message()} (speed_gate.action: fail)")
+        self.report = report
+
+    # -- requests ---------------------------------------------------------------------
+
+    async def __call__(self, pixels: Pixels, top: int, full: bool = False, rows: list[int] | None = None) -> Scores:
+        """Top-k per image; with `full`, the whole logits rows too (for the V2 protocol's outputs).
+
+        `rows` picks some images of `pixels` (a shadow run compares only the sampled ones).
+        """
+        assert self._batch is not None and self.cfg is not None, "reconfigure runs before any request"
+        arrived = time.perf_counter()
+        array = self._check_pixels(pixels.array)
+        if rows is not None:
+            array = array[rows]
+        step = self.cfg.max_batch_size
+        chunks = [array[i : i + step] for i in range(0, len(array), step)] if len(array) else []
+        done = await asyncio.gather(*(self._batch(_Item(c, arrived)) for c in chunks))
+        logits = done[0].logits if len(done) == 1 else np.concatenate([d.logits for d in done]) if done else None
+        best = [top_k(row, top) for row in softmax(logits)] if logits is not None else []
+        return Scores(
+            top=best,
+            preprocess_ms=pixels.preprocess_ms,
+            queue_ms=max((d.queue_ms for d in done), default=0.0),
+            inference_ms=sum(d.inference_ms for d in done),
+            batch_size=max((d.batch_size for d in done), default=0),
+            variant=self.variant,
+            provider=self.engine.active_provider,
+            errors=pixels.errors,
+            positions=pixels.positions,
+            logits=logits if full else None,
+        )
+
+    def _check_pixels(self, array: np.ndarray) -> np.ndarray:
+        spec = self.engine.spec
+        want = (spec.height, spec.width, 3)
+        if array.ndim != 4 or tuple(array.shape[1:]) != want or array.dtype != np.uint8:
+            raise ServiceError(
+                "invalid_parameter",
+                f"pixels must be uint8 [N, {want[0]}, {want[1]}, 3], got {array.dtype} {array.shape}",
+            )
+        return array
+
+    async def _run_batch(self, items: list[_Item]) -> list[_Done]:
+        started = time.perf_counter()
+        x = items[0].pixels if len(items) == 1 else np.concatenate([it.pixels for it in items])
+        loop = asyncio.get_running_loop()
+        # Engines release the GIL; running them off the event loop keeps requests flowing into the queue.
+        logits = await loop.run_in_executor(self._executor, self._infer, x)
+        inference_ms = _ms(time.perf_counter() - started)
+        self.metrics.batch_size.observe(len(x), tags={"variant": self.variant})
+        self.metrics.batch_ms.observe(inference_ms, tags={"variant": self.variant})
+        out, row = [], 0
+        for it in items:
+            n = len(it.pixels)
+            out.append(_Done(logits[row : row + n], _ms(started - it.arrived), inference_ms, len(x)))
+            row += n
+        return out
+
+    def _infer(self, x: np.ndarray) -> np.ndarray:
+        profiler = self._profile.take() if self._profile is not None else None
+        if profiler is not None:
+            try:
+                return profiler.logits(x)
+            finally:
+                self._profile.done_one()  # type: ignore[union-attr]
+        return self.engine.logits(x)
+
+    # -- introspection -------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        cfg = self.cfg or ClassifierConfig()
+        engine = self.engine.describe()
+        plan = self.opened.plan if self.opened is not None else None
+        return {
+            "variant": self.variant,
+            "model_file": self.model_path,
+            "precision": self.args.variants[self.variant].precision,
+            **engine,
+            "on_gpu": engine["execution_provider"] in (CUDA, TENSORRT),
+            "gpu_granted": self.gpu,
+            "fell_back_to_cpu": bool(plan is not None and self.gpu and not plan.gpu),
+            "plan_note": plan.note if plan is not None else "",
+            **(self.report.describe() if self.report is not None else {}),
+            "intra_op_threads": self.threads,
+            "num_cpus": self.num_cpus,
+            "batching": {
+                "max_batch_size": cfg.max_batch_size,
+                "batch_wait_timeout_s": cfg.batch_wait_timeout_s,
+                "max_concurrent_batches": cfg.max_concurrent_batches,
+            },
+            "warmed_up_to": self._warmed_to,
+            "profiling": self._profile.state() if self._profile is not None else None,
+            "input": self.engine.spec.describe(),
+            "replica_id": self.replica_id,
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
+
+    def ready(self) -> bool:
+        return (
+            self.opened is not None
+            and self.engine.alive
+            and self.cfg is not None
+            and (not self.cfg.warmup or self._warmed_to > 0)
+        )
+
+    def check_health(self) -> None:
+        if self.opened is not None and not self.engine.alive:
+            raise RuntimeError(f"Classifier_{self.variant}: the engine is gone")
+        if self.opened is not None:
+            self._report_provider()  # re-set with every health check so the series never goes stale
+
+    def _report_provider(self) -> None:
+        self.metrics.provider.set(
+            1,
+            tags={
+                "variant": self.variant,
+                "provider": self.engine.active_provider,
+                "requested": ",".join(self.engine.requested_providers),
+            },
+        )

@@ -1,0 +1,72 @@
+"""Engines behind one small interface: the only serving package that imports onnxruntime or openvino.
+
+plan.py             which engine and providers a replica would use (pure; `python -m app.runtime plan`)
+ort_engine.py       ONNX Runtime: TensorRT, CUDA and CPU execution providers, node placement
+openvino_engine.py  OpenVINO's CPU runtime
+select.py           plan -> built engine(s) -> checked -> the fastest kept
+measure.py          throughput at warm-up and the speed gate
+spec.py, outputs.py the model's I/O contract; softmax and top-k
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from app.runtime.measure import GateResult, SpeedGate, Throughput, judge, measure_alternating
+from app.runtime.ort_engine import OrtEngine, usable_providers
+from app.runtime.outputs import softmax, top_k
+from app.runtime.plan import CPU, CUDA, OPENVINO, TENSORRT, EngineChoice, PlanError, RuntimeOptions, TensorRTOptions
+from app.runtime.profiling import summarize_profile
+from app.runtime.select import Engine, Opened, open_engine
+from app.runtime.spec import ModelLoadError, ModelSpec
+
+__all__ = [
+    "CPU",
+    "CUDA",
+    "OPENVINO",
+    "TENSORRT",
+    "Engine",
+    "EngineChoice",
+    "GateResult",
+    "ModelLoadError",
+    "ModelSpec",
+    "Opened",
+    "OrtEngine",
+    "PlanError",
+    "RuntimeOptions",
+    "SpeedGate",
+    "TensorRTOptions",
+    "Throughput",
+    "cpu_engine",
+    "judge",
+    "measure_alternating",
+    "open_engine",
+    "softmax",
+    "summarize_profile",
+    "threads_for",
+    "top_k",
+    "usable_providers",
+]
+
+
+def threads_for(num_cpus: float) -> int:
+    """Intra-op threads for a replica granted `num_cpus` (at least one)."""
+    return max(1, math.floor(num_cpus + 1e-9))
+
+
+def cpu_engine(path: str, opts: RuntimeOptions | None = None) -> OrtEngine:
+    """ONNX Runtime's CPU EP on `path`: the reference engine of the offline tools (report, benchmarks)."""
+    from app.runtime.plan import RECORD_ASSIGNMENT, Provider
+
+    return OrtEngine(path, opts or RuntimeOptions(), EngineChoice("cpu", (Provider(CPU),), {RECORD_ASSIGNMENT: "1"}))
+
+
+class ModelRunner(OrtEngine):
+    """Transitional: the offline tools' name for `cpu_engine`, removed once they call it directly."""
+
+    def __init__(self, path: str | os.PathLike[str], opts: RuntimeOptions | None = None) -> None:
+        from app.runtime.plan import RECORD_ASSIGNMENT, Provider
+
+        choice = EngineChoice("cpu", (Provider(CPU),), {RECORD_ASSIGNMENT: "1"})
+        super().__init__(path, opts or RuntimeOptions(), choice)

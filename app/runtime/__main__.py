@@ -1,0 +1,98 @@
+"""python -m app.runtime plan CONFIG [--available EP,EP,...] [--gpu]
+
+What each Classifier replica of a Serve config would run on a node that offers those execution
+providers: engine, model file, providers in priority order with their options. No model is loaded
+and no Ray is started, so a GPU cluster's config can be checked on a laptop:
+
+    python -m app.runtime plan configs/prod.yaml --gpu \\
+        --available TensorrtExecutionProvider,CUDAExecutionProvider,CPUExecutionProvider
+
+Exit status 1, with the reason, when a variant cannot run as configured there (an INT8 variant that
+would land on the CUDA EP without TensorRT, require_gpu on a node without a usable GPU provider).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from app.config import AppArgs, ClassifierConfig, classifier_deployment_name, validate_serve_config
+from app.runtime import threads_for
+from app.runtime.openvino_engine import openvino_available
+from app.runtime.ort_engine import ort_version, tensorrt_version, usable_providers
+from app.runtime.plan import OPENVINO, TENSORRT, PlanError, plan_engines
+from app.runtime.select import model_sha256, tensorrt_for
+
+
+def _deployment(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    app = cfg["applications"][0]
+    return next((d for d in app.get("deployments", []) if d.get("name") == name), {})
+
+
+def plan_config(cfg: dict[str, Any], available: list[str], openvino: bool, gpu: bool) -> dict[str, Any]:
+    """{"variants": {name: plan}} for every variant of the config's first application."""
+    args: AppArgs = validate_serve_config(cfg)
+    out: dict[str, Any] = {}
+    for variant, v in args.variants.items():
+        d = _deployment(cfg, classifier_deployment_name(variant))
+        num_cpus = float((d.get("ray_actor_options") or {}).get("num_cpus", 1.0))
+        batching = ClassifierConfig.model_validate(d.get("user_config") or {})
+        threads = args.intra_op_threads or threads_for(num_cpus)
+        opts = args.runtime_options(variant, gpu, threads, batching.max_concurrent_batches)
+        path = str(args.resolved_path(v.model_path))
+        trt = None
+        if opts.prefer_gpu and TENSORRT in available:
+            key = {
+                "model_sha256": model_sha256(path, Path(path).stat().st_mtime_ns) if Path(path).is_file() else "MODEL",
+                "ort": ort_version(),
+                "tensorrt": tensorrt_version() if TENSORRT in usable_providers() else "VERSION",
+                "gpu": "GPU",
+            }
+            trt = tensorrt_for(path, opts, key)
+        try:
+            plan = plan_engines(variant, opts, available, openvino, trt)
+        except PlanError as e:
+            raise PlanError(f"variants.{variant}: {e}") from e
+        out[variant] = {"model_path": path, "precision": v.precision, **plan.describe()}
+        if trt is not None:
+            out[variant]["cache_key"] = "MODEL, VERSION, GPU: the file's sha256, TensorRT's version, the GPU's name"
+        if not Path(path).is_file():
+            out[variant]["model_file"] = "not on this machine: shapes assume the built-in model's input"
+    return {"variants": out}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m app.runtime", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("plan", help="print each variant's engine and providers as JSON")
+    s.add_argument("config", help="a Serve config file (configs/local.yaml, configs/prod.yaml)")
+    s.add_argument(
+        "--available",
+        help="comma-separated providers the node offers (ONNX Runtime names; OpenVINO for OpenVINO's runtime); "
+        "default: what really loads on this machine",
+    )
+    s.add_argument("--gpu", action="store_true", help="plan for a replica that was granted a GPU")
+    ns = p.parse_args(argv)
+    with open(ns.config) as f:
+        cfg = yaml.safe_load(f)
+    if ns.available is None:
+        available, openvino = usable_providers(), openvino_available()
+    else:
+        listed = [a.strip() for a in ns.available.split(",") if a.strip()]
+        available, openvino = [a for a in listed if a != OPENVINO], OPENVINO in listed
+    try:
+        result = plan_config(cfg, available, openvino, ns.gpu)
+    except (PlanError, ValueError) as e:
+        print(f"{ns.config}: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

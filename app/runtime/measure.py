@@ -1,0 +1,109 @@
+"""Speed truth at start-up: throughput measured on the replica's own engine, and the speed gate.
+
+A replica measures what it will serve with (its engine, its batch sizes, its parallel calls), so
+`GET /v1/models` reports this node's figures rather than a benchmark from somewhere else. Two
+engines are compared in alternating rounds, so a noisy neighbour slows both rather than one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+Run = Callable[[np.ndarray], Any]
+
+
+@dataclass(frozen=True)
+class Throughput:
+    batch: int
+    parallel: int  # calls in flight at once
+    ms: float  # median wall time of one round (`parallel` calls of `batch` images)
+    img_per_s: float
+
+    def describe(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _round(run: Run, x: np.ndarray, parallel: int, pool: ThreadPoolExecutor | None) -> float:
+    t0 = time.perf_counter()
+    if pool is None or parallel == 1:
+        run(x)
+    else:
+        list(pool.map(run, [x] * parallel))
+    return time.perf_counter() - t0
+
+
+def measure_alternating(
+    runs: dict[str, Run], x: np.ndarray, parallel: int = 1, rounds: int = 5, min_s: float = 0.2
+) -> dict[str, Throughput]:
+    """Each of `runs` timed on `x`, round by round in turn; the median round per name.
+
+    Each name runs at least `rounds` rounds and, per name, at least `min_s` seconds in all, after
+    one untimed round (first-call allocation).
+    """
+    batch = len(x)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    with ThreadPoolExecutor(parallel) if parallel > 1 else contextlib.nullcontext() as pool:
+        for run in runs.values():
+            _round(run, x, parallel, pool)
+        while any(len(t) < rounds or sum(t) < min_s for t in times.values()):
+            for name, run in runs.items():
+                times[name].append(_round(run, x, parallel, pool))
+    out = {}
+    for name, t in times.items():
+        median = statistics.median(t)
+        out[name] = Throughput(batch, parallel, round(median * 1000, 3), round(batch * parallel / median, 1))
+    return out
+
+
+@dataclass(frozen=True)
+class SpeedGate:
+    baseline: str
+    min_speedup: float
+    action: str  # warn | fail
+
+
+@dataclass(frozen=True)
+class GateResult:
+    variant: str
+    baseline: str
+    batch: int
+    variant_img_per_s: float
+    baseline_img_per_s: float
+    speedup: float
+    min_speedup: float
+    action: str
+    passed: bool
+
+    def message(self) -> str:
+        verdict = "meets" if self.passed else "is below"
+        return (
+            f"speed gate: {self.variant} does {self.variant_img_per_s} img/s at batch {self.batch}, "
+            f"{self.baseline} does {self.baseline_img_per_s} img/s on the same node: speedup {self.speedup:.2f}x "
+            f"{verdict} min_speedup {self.min_speedup}x"
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {**asdict(self), "message": self.message()}
+
+
+def judge(variant: str, gate: SpeedGate, mine: Throughput, baseline: Throughput) -> GateResult:
+    speedup = mine.img_per_s / baseline.img_per_s if baseline.img_per_s > 0 else float("inf")
+    return GateResult(
+        variant=variant,
+        baseline=gate.baseline,
+        batch=mine.batch,
+        variant_img_per_s=mine.img_per_s,
+        baseline_img_per_s=baseline.img_per_s,
+        speedup=round(speedup, 3),
+        min_speedup=gate.min_speedup,
+        action=gate.action,
+        passed=speedup >= gate.min_speedup,
+    )

@@ -1,0 +1,203 @@
+"""From a plan to a running engine: build the candidates, check what really runs, keep the fastest."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import logging
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from app.runtime.measure import Throughput, measure_alternating
+from app.runtime.openvino_engine import OpenVinoEngine, openvino_available
+from app.runtime.ort_engine import OrtEngine, ort_version, tensorrt_version, usable_providers
+from app.runtime.plan import (
+    CUDA,
+    TENSORRT,
+    EngineChoice,
+    EnginePlan,
+    PlanError,
+    Provider,
+    RuntimeOptions,
+    engine_cache_path,
+    plan_engines,
+    slow_int8_message,
+    tensorrt_provider,
+)
+from app.runtime.spec import ModelLoadError, ModelSpec, read_onnx_input
+
+logger = logging.getLogger("ray.serve")
+
+# The built-in model's contract (DESIGN.md), for planning when the model file is not on this machine.
+DEFAULT_INPUT = ("image", (224, 224, 3))
+
+
+class Engine(Protocol):
+    """What the Classifier needs from any engine."""
+
+    name: str
+    spec: ModelSpec
+    path: Path
+    providers: list[str]
+    requested_providers: list[str]
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def active_provider(self) -> str: ...
+
+    def logits(self, batch: np.ndarray) -> np.ndarray: ...
+
+    def dummy_batch(self, n: int) -> np.ndarray: ...
+
+    def end_profiling(self) -> str | None: ...
+
+    def placement_counts(self) -> dict[str, int]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+@functools.lru_cache(maxsize=16)
+def model_sha256(path: str, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def gpu_name(device_id: int) -> str:
+    """The GPU's product name (nvidia-smi), for the engine cache key; "unknown-gpu" when it cannot be read."""
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    index = visible[device_id] if device_id < len(visible) else str(device_id)
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", index.strip()],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+        return out.stdout.strip().splitlines()[0] or "unknown-gpu"
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown-gpu"
+
+
+def tensorrt_for(path: str, opts: RuntimeOptions, cache_key: dict[str, str] | None = None) -> Provider:
+    """The TensorRT provider for `path`, its cache directory keyed on this model, ORT, TensorRT and GPU."""
+    read = read_onnx_input(path) if Path(path).is_file() else None
+    name, sample = read or DEFAULT_INPUT
+    key = cache_key or {
+        "model_sha256": model_sha256(path, Path(path).stat().st_mtime_ns),
+        "ort": ort_version(),
+        "tensorrt": tensorrt_version(),
+        "gpu": gpu_name(opts.device_id),
+    }
+    cache = engine_cache_path(opts.tensorrt.cache_dir, key["model_sha256"], key["ort"], key["tensorrt"], key["gpu"])
+    return tensorrt_provider(opts, cache, name, sample)
+
+
+def plan_for(variant: str, path: str, opts: RuntimeOptions, available: list[str] | None = None) -> EnginePlan:
+    """The plan on this node: ONNX Runtime's usable providers and OpenVINO if installed."""
+    available = usable_providers() if available is None else available
+    trt = tensorrt_for(path, opts) if opts.prefer_gpu and TENSORRT in available else None
+    return plan_engines(variant, opts, available, openvino_available(), trt)
+
+
+@contextlib.contextmanager
+def _build_lock(choice: EngineChoice) -> Iterator[None]:
+    """Replicas on one node building the same TensorRT engine take turns: the second loads the first's."""
+    trt = next((p for p in choice.providers if p.name == TENSORRT), None)
+    if trt is None:
+        yield
+        return
+    cache = Path(trt.options["trt_engine_cache_path"])
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        lock = open(cache / ".build.lock", "w")  # noqa: SIM115 - held for the whole build
+    except OSError as e:
+        raise ModelLoadError(
+            f"TensorRT engine cache {cache} is not writable ({e.strerror}): mount a writable volume there "
+            "(k8s/rayservice.yaml mounts one at $APP_TRT_CACHE_DIR) or set tensorrt.cache_dir"
+        ) from e
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def build(path: str, opts: RuntimeOptions, choice: EngineChoice) -> Engine:
+    if choice.engine == "openvino":
+        return OpenVinoEngine(path, opts)
+    with _build_lock(choice):
+        return OrtEngine(path, opts, choice)
+
+
+def check_int8_placement(variant: str, opts: RuntimeOptions, engine: Engine) -> None:
+    """An INT8 variant whose compute landed on the CUDA EP after all (TensorRT refused the graph)."""
+    if opts.precision != "int8" or opts.allow_slow_int8 or engine.name != "tensorrt":
+        return
+    counts = engine.placement_counts()
+    if counts.get(CUDA, 0) > counts.get(TENSORRT, 0):
+        raise ModelLoadError(
+            f"{slow_int8_message(variant)} (TensorRT took {counts.get(TENSORRT, 0)} nodes, CUDA {counts.get(CUDA)}: "
+            "is this the TensorRT artifact, efficientnet_lite0-int8-trt.onnx?)"
+        )
+
+
+@dataclass
+class Opened:
+    engine: Engine
+    plan: EnginePlan
+    candidates: dict[str, Throughput] = field(default_factory=dict)  # measured, when the plan had several
+
+
+def open_engine(variant: str, path: str, opts: RuntimeOptions, measure_batch: int = 16) -> Opened:
+    """The engine `variant` runs on here: planned, built, checked, and (for several candidates) measured."""
+    try:
+        plan = plan_for(variant, path, opts)
+    except PlanError as e:
+        raise ModelLoadError(str(e)) from e
+    first = plan.candidates[0]
+    try:
+        engines = [build(path, opts, choice) for choice in plan.candidates]
+    except ModelLoadError as e:
+        if first.engine != "tensorrt" or opts.engine == "tensorrt":
+            raise
+        # TensorRT failed to load or build (logged): plan again without it; INT8 then refuses the CUDA EP.
+        logger.warning("Classifier_%s: TensorRT failed (%s); planning without it", variant, e)
+        try:
+            plan = plan_engines(variant, opts, [p for p in usable_providers() if p != TENSORRT], openvino_available())
+        except PlanError as again:
+            raise ModelLoadError(f"{again} (TensorRT failed: {e})") from e
+        engines = [build(path, opts, choice) for choice in plan.candidates]
+    for engine in engines:
+        check_int8_placement(variant, opts, engine)
+    if len(engines) == 1:
+        return Opened(engines[0], plan)
+    x = engines[0].dummy_batch(measure_batch)
+    measured = measure_alternating({e.name: e.logits for e in engines}, x, parallel=max(1, opts.streams))
+    best = max(engines, key=lambda e: measured[e.name].img_per_s)
+    for engine in engines:
+        if engine is not best:
+            engine.close()
+    logger.info(
+        "Classifier_%s: %s",
+        variant,
+        ", ".join(f"{n} {t.img_per_s} img/s" for n, t in measured.items()) + f" at batch {measure_batch}: {best.name}",
+    )
+    return Opened(best, plan, measured)
+
+
+def with_precision(opts: RuntimeOptions, precision: str) -> RuntimeOptions:
+    return replace(opts, precision=precision)

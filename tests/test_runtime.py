@@ -1,0 +1,257 @@
+"""Engines: the plan (pure), the provider libraries, ONNX Runtime and OpenVINO on the real models, selection.
+
+No GPU exists here: the GPU plans are checked as data (providers, options), which is what ONNX Runtime
+receives; a real TensorRT or CUDA session cannot be built on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.models.samples import EVAL_PHOTOS, available_photos, sample_bytes
+from app.preprocess import preprocess
+from app.runtime import measure as measure_module
+from app.runtime.__main__ import main as plan_main
+from app.runtime.measure import SpeedGate, Throughput, judge, measure_alternating
+from app.runtime.openvino_engine import OpenVinoEngine
+from app.runtime.ort_engine import PROVIDER_LIBRARIES, missing_libraries, usable_providers
+from app.runtime.plan import (
+    CPU,
+    CUDA,
+    DISABLE_CPU_FALLBACK,
+    TENSORRT,
+    PlanError,
+    RuntimeOptions,
+    TensorRTOptions,
+    engine_cache_path,
+    plan_engines,
+    tensorrt_provider,
+)
+from app.runtime.select import open_engine
+from app.runtime.startup import run_speed_gate
+
+ALL_GPU = [TENSORRT, CUDA, CPU]
+SAMPLE = (224, 224, 3)
+
+
+def trt(opts: RuntimeOptions) -> object:
+    return tensorrt_provider(opts, "/cache/key", "image", SAMPLE)
+
+
+def gpu_plan(available: list[str], **kw: object):  # type: ignore[no-untyped-def]
+    opts = RuntimeOptions(prefer_gpu=True, **kw)  # type: ignore[arg-type]
+    return plan_engines("v", opts, available, openvino=True, tensorrt=trt(opts))  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def test_int8_on_a_gpu_node_runs_tensorrt_in_int8_with_caches_and_one_profile() -> None:
+    plan = gpu_plan(ALL_GPU, precision="int8", require_gpu=True, tensorrt=TensorRTOptions(max_batch_size=64))
+    (choice,) = plan.candidates
+    assert choice.engine == "tensorrt" and choice.provider_names == [TENSORRT, CUDA]  # no CPU EP with require_gpu
+    assert choice.session_config[DISABLE_CPU_FALLBACK] == "1"
+    o = choice.providers[0].options
+    assert o["trt_int8_enable"] is True and o["trt_fp16_enable"] is False
+    assert o["trt_engine_cache_enable"] is True and o["trt_timing_cache_enable"] is True
+    assert o["trt_engine_cache_path"] == o["trt_timing_cache_path"] == "/cache/key"
+    assert o["trt_profile_min_shapes"] == "image:1x224x224x3"
+    assert o["trt_profile_max_shapes"] == "image:64x224x224x3"
+    assert choice.providers[1].options["cudnn_conv_algo_search"] == "HEURISTIC"
+
+
+def test_fp32_keeps_tensorrt_out_of_int8_and_fp16_unless_configured() -> None:
+    o = gpu_plan(ALL_GPU).candidates[0].providers[0].options
+    assert (o["trt_int8_enable"], o["trt_fp16_enable"]) == (False, False)
+    o = gpu_plan(ALL_GPU, fp16=True).candidates[0].providers[0].options
+    assert o["trt_fp16_enable"] is True
+
+
+def test_without_require_gpu_the_cpu_ep_stays_last_as_fallback() -> None:
+    (choice,) = gpu_plan(ALL_GPU).candidates
+    assert choice.provider_names == [TENSORRT, CUDA, CPU] and DISABLE_CPU_FALLBACK not in choice.session_config
+
+
+def test_int8_on_cuda_without_tensorrt_is_refused_naming_tensorrt() -> None:
+    with pytest.raises(PlanError, match="TensorRT") as e:
+        gpu_plan([CUDA, CPU], precision="int8")
+    assert "no INT8 kernels" in str(e.value) and "allow_slow_int8" in str(e.value)
+    (choice,) = gpu_plan([CUDA, CPU], precision="int8", allow_slow_int8=True).candidates
+    assert choice.engine == "cuda"
+
+
+def test_fp32_on_cuda_without_tensorrt_is_fine() -> None:
+    (choice,) = gpu_plan([CUDA, CPU]).candidates
+    assert choice.engine == "cuda" and choice.provider_names == [CUDA, CPU]
+
+
+def test_engines_named_explicitly_must_be_usable() -> None:
+    with pytest.raises(PlanError, match="engine tensorrt"):
+        gpu_plan([CUDA, CPU], engine="tensorrt")
+    with pytest.raises(PlanError, match="engine cuda"):
+        gpu_plan([CPU], engine="cuda")
+    with pytest.raises(PlanError, match="openvino package"):
+        plan_engines("v", RuntimeOptions(prefer_gpu=False, engine="openvino"), [CPU], openvino=False)
+
+
+def test_cpu_auto_measures_openvino_against_the_cpu_ep() -> None:
+    plan = plan_engines("v", RuntimeOptions(prefer_gpu=False), [CPU], openvino=True)
+    assert [c.engine for c in plan.candidates] == ["openvino", "cpu"]
+    assert plan.describe()["chosen_by"] == "throughput measured at warm-up"
+    without = plan_engines("v", RuntimeOptions(prefer_gpu=False), [CPU], openvino=False)
+    assert [c.engine for c in without.candidates] == ["cpu"]
+    forced = plan_engines("v", RuntimeOptions(prefer_gpu=False, engine="cpu"), [CPU], openvino=True)
+    assert [c.engine for c in forced.candidates] == ["cpu"]
+
+
+def test_a_granted_gpu_without_gpu_providers_falls_back_saying_so_or_fails_with_require_gpu() -> None:
+    plan = gpu_plan([CPU])
+    assert plan.gpu is False and "no GPU execution provider is usable" in plan.note
+    with pytest.raises(PlanError, match="require_gpu=True"):
+        gpu_plan([CPU], require_gpu=True)
+    with pytest.raises(PlanError, match="require_gpu"):
+        plan_engines("v", RuntimeOptions(prefer_gpu=False, require_gpu=True), [CPU], openvino=True)
+
+
+def test_engine_cache_is_keyed_on_model_ort_tensorrt_and_gpu() -> None:
+    base = engine_cache_path("/c", "ab" * 32, "1.31.1", "10.16.1", "NVIDIA H100 80GB HBM3")
+    assert base == "/c/" + "ab" * 8 + "-ort1.31.1-trt10.16.1-NVIDIA-H100-80GB-HBM3"
+    others = {
+        engine_cache_path("/c", "cd" * 32, "1.31.1", "10.16.1", "NVIDIA H100 80GB HBM3"),
+        engine_cache_path("/c", "ab" * 32, "1.32.0", "10.16.1", "NVIDIA H100 80GB HBM3"),
+        engine_cache_path("/c", "ab" * 32, "1.31.1", "10.17.0", "NVIDIA H100 80GB HBM3"),
+        engine_cache_path("/c", "ab" * 32, "1.31.1", "10.16.1", "NVIDIA L4"),
+    }
+    assert base not in others and len(others) == 4
+
+
+# --------------------------------------------------------------------------- python -m app.runtime plan
+
+
+def test_plan_cli_puts_tensorrt_first_for_prod_int8(capsys: pytest.CaptureFixture[str]) -> None:
+    available = ",".join(ALL_GPU)
+    assert plan_main(["plan", "configs/prod.yaml", "--available", available, "--gpu"]) == 0
+    plan = json.loads(capsys.readouterr().out)["variants"]["int8"]
+    assert plan["engine"] == "tensorrt" and plan["model_path"].endswith("int8-trt.onnx")
+    names = [p["name"] for p in plan["providers"]]
+    assert names[0] == TENSORRT and CPU not in names
+    trt_options = plan["providers"][0]["options"]
+    assert trt_options["trt_int8_enable"] is True and trt_options["trt_engine_cache_enable"] is True
+
+
+def test_plan_cli_exits_1_naming_tensorrt_when_only_cuda_is_offered(capsys: pytest.CaptureFixture[str]) -> None:
+    assert plan_main(["plan", "configs/prod.yaml", "--available", f"{CUDA},{CPU}", "--gpu"]) == 1
+    err = capsys.readouterr().err
+    assert "variants.int8" in err and "TensorRT" in err
+
+
+def test_plan_cli_on_this_machine_for_the_local_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert plan_main(["plan", "configs/local.yaml"]) == 0
+    plan = json.loads(capsys.readouterr().out)["variants"]
+    assert plan["fp32"]["engine"] == "openvino|cpu" and plan["fp32"]["gpu"] is False
+
+
+# --------------------------------------------------------------------------- provider libraries
+
+
+def _needed(library: Path) -> set[str]:
+    out = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True, check=True).stdout
+    return {line.split("[")[1].rstrip("]") for line in out.splitlines() if "(NEEDED)" in line}
+
+
+@pytest.mark.parametrize(("provider", "lib"), [(CUDA, "cuda"), (TENSORRT, "tensorrt")])
+def test_provider_library_list_matches_what_the_installed_wheel_needs(provider: str, lib: str) -> None:
+    import onnxruntime
+
+    path = Path(onnxruntime.__file__).parent / "capi" / f"libonnxruntime_providers_{lib}.so"
+    if shutil.which("readelf") is None or not path.is_file():
+        pytest.skip("readelf or the GPU provider library is not here")
+    system = {"libdl.so.2", "librt.so.1", "libpthread.so.0", "libstdc++.so.6", "libm.so.6", "libgcc_s.so.1"}
+    system |= {"libc.so.6", "ld-linux-x86-64.so.2", "libcuda.so.1"}  # libcuda: the driver, not the image's
+    # Every library the provider NEEDS is checked; cuDNN too, which the CUDA EP opens later, at run time.
+    assert set(PROVIDER_LIBRARIES[provider]) - (_needed(path) - system) <= {"libcudnn.so.9"}
+    assert _needed(path) - system <= set(PROVIDER_LIBRARIES[provider])
+
+
+def test_providers_whose_libraries_are_missing_are_not_usable() -> None:
+    usable = usable_providers()
+    assert CPU in usable
+    for provider in (CUDA, TENSORRT):
+        assert (provider in usable) == (not missing_libraries(provider))
+
+
+# --------------------------------------------------------------------------- engines on the real models
+
+
+def _photos(model_files) -> np.ndarray:  # type: ignore[no-untyped-def]
+    names = [n for n in EVAL_PHOTOS if n in available_photos()]
+    return np.stack([preprocess(sample_bytes(n), size=224, max_pixels=50_000_000) for n in names])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_openvino_gives_onnx_runtimes_answers(model_files, precision: str) -> None:  # type: ignore[no-untyped-def]
+    path = str(getattr(model_files, precision))
+    x = _photos(model_files)
+    opts = RuntimeOptions(prefer_gpu=False, precision=precision)
+    ort_logits = open_engine("v", path, RuntimeOptions(prefer_gpu=False, engine="cpu")).engine.logits(x)
+    ov = OpenVinoEngine(path, opts)
+    ov_logits = ov.logits(x)
+    assert ov.spec.input_dtype == "tensor(uint8)" and ov.spec.batch_shape(2) == (2, 224, 224, 3)
+    assert (ov_logits.argmax(1) == ort_logits.argmax(1)).all()
+    if precision == "fp32":
+        np.testing.assert_allclose(ov_logits, ort_logits, atol=1e-2)
+
+
+def test_the_cpu_ep_reports_every_node_on_the_cpu(model_files) -> None:  # type: ignore[no-untyped-def]
+    engine = open_engine("v", str(model_files.int8), RuntimeOptions(prefer_gpu=False, engine="cpu")).engine
+    counts = engine.placement_counts()
+    assert list(counts) == [CPU] and counts[CPU] > 100
+    assert engine.describe()["nodes_per_provider"] == counts
+
+
+def test_auto_keeps_the_engine_that_measured_faster(model_files, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    def rigged(runs, x, parallel=1, rounds=5, min_s=0.2):  # type: ignore[no-untyped-def]
+        return {name: Throughput(len(x), parallel, 1.0, 10.0 if name == "cpu" else 5.0) for name in runs}
+
+    monkeypatch.setattr("app.runtime.select.measure_alternating", rigged)
+    opened = open_engine("v", str(model_files.fp32), RuntimeOptions(prefer_gpu=False), measure_batch=2)
+    assert opened.engine.name == "cpu" and set(opened.candidates) == {"openvino", "cpu"}
+
+
+# --------------------------------------------------------------------------- measuring and the gate
+
+
+def test_measure_alternating_times_each_run_and_reports_medians() -> None:
+    calls: list[str] = []
+    result = measure_alternating({"a": lambda x: calls.append("a"), "b": lambda x: calls.append("b")}, np.zeros(4))
+    assert calls[:4] == ["a", "b", "a", "b"]  # one untimed round each, then alternating
+    assert calls.count("a") == calls.count("b") >= 6
+    assert result["a"].batch == 4 and result["a"].img_per_s > 0
+
+
+def test_speed_gate_judges_both_ways() -> None:
+    fast, slow = Throughput(16, 1, 10.0, 200.0), Throughput(16, 1, 20.0, 100.0)
+    ok = judge("int8", SpeedGate("fp32", 1.5, "fail"), fast, slow)
+    assert ok.passed and ok.speedup == 2.0 and "meets" in ok.message()
+    bad = judge("int8", SpeedGate("fp32", 2.5, "warn"), fast, slow)
+    assert not bad.passed and "below min_speedup 2.5x" in bad.message() and "200.0 img/s" in bad.message()
+
+
+def test_speed_gate_on_real_engines_int8_beats_fp32_on_this_cpu(model_files) -> None:  # type: ignore[no-untyped-def]
+    """INT8 vs FP32 on the same engine rules, measured here: passes at 1.0x, fails at 50x."""
+    mine = open_engine("int8", str(model_files.int8), RuntimeOptions(prefer_gpu=False, engine="cpu")).engine
+    base_opts = RuntimeOptions(prefer_gpu=False, engine="cpu")
+    for min_speedup, passed in ((1.0, True), (50.0, False)):
+        gate = SpeedGate("fp32", min_speedup, "warn")
+        result = run_speed_gate("int8", mine, gate, str(model_files.fp32), base_opts, batch=4, parallel=1)
+        assert result.passed is passed and result.baseline_img_per_s > 0
+
+
+def test_measure_module_imports_no_engine() -> None:
+    assert "onnxruntime" not in measure_module.__dict__ and "openvino" not in measure_module.__dict__
