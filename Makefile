@@ -1,7 +1,7 @@
 # Every target runs inside .venv, created on first use from pyproject.toml.
 PY := .venv/bin/python
 STAMP := .venv/.installed
-MODELS := models/efficientnet_lite0-fp32.onnx models/efficientnet_lite0-int8.onnx
+MODELS := models/efficientnet_lite0-fp32.onnx models/efficientnet_lite0-int8.onnx models/efficientnet_lite0-int8-trt.onnx
 
 .PHONY: install models serve status test lint bench soak k8s clean
 
@@ -13,11 +13,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)   ## create .venv and install the project with its test and benchmark extras
 
+# The TensorRT INT8 first and without a report, so the CPU INT8's report (the last step) covers both.
 $(MODELS): | $(STAMP)
 	$(PY) -m app.models build
+	$(PY) -m app.models quantize --target tensorrt --no-report
 	$(PY) -m app.models quantize
 
-models: $(MODELS)   ## FP32 + INT8 + the quality report (models/), built once
+models: $(MODELS)   ## FP32 + INT8 + TensorRT INT8 + the quality report (models/), built once
 
 serve: $(MODELS)    ## the app on this machine, CPU only, with Serve's environment from configs/serve.env
 	set -a && . configs/serve.env && set +a && .venv/bin/serve run configs/local.yaml

@@ -1,4 +1,4 @@
-"""`python -m app.models`: build idempotence, the INT8 quality gate, and its user errors (exit 2)."""
+"""`python -m app.models`: build idempotence, the INT8 quality gate, `--target tensorrt`, and user errors (exit 2)."""
 
 from __future__ import annotations
 
@@ -81,6 +81,54 @@ def test_quantize_gate_passes_a_reachable_min_agreement(gated):
     assert "below --min-agreement" not in result.stderr
     assert files.int8.read_bytes() == int8_before  # report reads the models, never rewrites them
     assert f"wrote {files.report_json}" in result.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# --target tensorrt
+
+
+@pytest.mark.slow
+def test_quantize_tensorrt_writes_its_own_file_and_the_report_covers_both(model_files, tmp_path):
+    """The CPU INT8 is left alone, the report gains the TensorRT section, the gate judges only what was written."""
+    import onnx
+
+    from app.models.quantize import tensorrt_problems
+
+    files = _copy_fp32(model_files, tmp_path)
+    shutil.copyfile(model_files.int8, files.int8)
+    int8_before = files.int8.read_bytes()
+    args = ("quantize", "--target", "tensorrt", "--num-images", "16", "--min-agreement", "1.01")
+    result = run_cli("--model-dir", files.root, *args, quick_timing=True)
+    assert result.returncode == 1, result.stderr
+    assert files.int8_trt.is_file() and files.int8.read_bytes() == int8_before
+    assert tensorrt_problems(onnx.load(str(files.int8_trt))) == []
+    assert f"wrote {files.int8_trt}" in result.stdout and "with minmax for tensorrt" in result.stdout
+    report = json.loads(files.report_json.read_text())
+    assert report["calibration"]["target"] == "tensorrt" and "int8_trt" in report["models"]
+    agreement = report["tensorrt"]["quality"]["top1_agreement"]
+    assert 0.6 <= agreement < 1.01
+    gate = result.stderr.splitlines()
+    assert f"TensorRT INT8 top-1 agreement with FP32 is {agreement:.3f}, below --min-agreement 1.010" in gate
+    assert not any(line.startswith("INT8 top-1 agreement") for line in gate)  # the CPU INT8 was not this run's
+    assert "| top-1 agreement with FP32 |" in result.stdout and "TensorRT INT8 (" in files.report_md.read_text()
+
+
+def test_quantize_tensorrt_needs_the_cpu_int8_for_its_report(model_files, tmp_path, capsys):
+    files = _copy_fp32(model_files, tmp_path)
+    assert main(["--model-dir", str(tmp_path), "quantize", "--target", "tensorrt"]) == 2
+    err = capsys.readouterr().err
+    assert "the report needs the CPU INT8 model" in err and str(files.int8) in err and "--no-report" in err
+    assert not files.int8_trt.exists() and not files.report_json.exists()  # said before calibrating
+
+
+def test_corrupt_tensorrt_int8_is_named_by_report(model_files, tmp_path, capsys):
+    files = _copy_fp32(model_files, tmp_path)
+    shutil.copyfile(model_files.int8, files.int8)
+    files.int8_trt.write_bytes(b"not onnx either")
+    assert main(["--model-dir", str(tmp_path), "report"]) == 2
+    err = capsys.readouterr().err
+    assert "TensorRT INT8 model" in err and str(files.int8_trt) in err and "not a valid ONNX file" in err
+    assert not files.report_json.exists()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,8 +234,9 @@ def test_quantize_empty_calibration_dir(model_files, tmp_path, capsys):
     assert "no images" in capsys.readouterr().err
 
 
-def test_argparse_errors_exit_2(capsys):
+@pytest.mark.parametrize("args", [["quantize", "--method", "kmeans"], ["quantize", "--target", "gpu"]])
+def test_argparse_errors_exit_2(capsys, args):
     with pytest.raises(SystemExit) as exc:
-        main(["quantize", "--method", "kmeans"])
+        main(args)
     assert exc.value.code == 2
     assert "invalid choice" in capsys.readouterr().err

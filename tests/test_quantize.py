@@ -1,26 +1,30 @@
-"""The INT8 model (QDQ, per-channel weights, agreement with FP32) and the quality/speed report."""
+"""The INT8 models (QDQ, per-channel weights, agreement with FP32; the TensorRT one's Q/DQ rules) and the report."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
 
+from app.models import ModelFiles
 from app.models import report as report_module
-from app.models.quantize import QuantizeOptions, input_name, quantize
+from app.models.quantize import QuantizeOptions, input_name, quantize, tensorrt_problems
 from app.models.report import (
     BATCH_SIZES,
     build_report,
     compare,
     graph_summary,
+    qdq_as_written,
     resolve_label,
+    tensorrt_section,
     time_batches,
     to_markdown,
 )
-from app.models.samples import EVAL_PHOTOS, available_photos, sample_bytes
+from app.models.samples import EVAL_PHOTOS, augmented_samples, available_photos, sample_bytes
 from app.preprocess import preprocess
 from app.runtime import ModelRunner, RuntimeOptions
 
@@ -30,6 +34,19 @@ LIGHT = RuntimeOptions(threads=1, prefer_gpu=False)
 @pytest.fixture(scope="module")
 def int8_graph(model_files) -> onnx.ModelProto:
     return onnx.load(str(model_files.int8))
+
+
+@pytest.fixture(scope="module")
+def trt_model(model_files: ModelFiles) -> Path:
+    """The TensorRT INT8 next to the default models, built once like them (`make models` builds it too)."""
+    if not model_files.int8_trt.is_file():
+        quantize(model_files.fp32, model_files.int8_trt, augmented_samples(64, 0), QuantizeOptions(target="tensorrt"))
+    return model_files.int8_trt
+
+
+@pytest.fixture(scope="module")
+def trt_graph(trt_model) -> onnx.ModelProto:
+    return onnx.load(str(trt_model))
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +103,112 @@ def test_quantize_rejects_an_unknown_calibration_method(model_files, tmp_path):
         quantize(model_files.fp32, tmp_path / "x.onnx", [], QuantizeOptions(method="kmeans"))
     assert not (tmp_path / "x.onnx").exists()
     assert input_name(model_files.fp32) == "image"
+
+
+# ---------------------------------------------------------------------------------------------
+# The TensorRT INT8: symmetric S8S8, FP32 biases, a Q/DQ pair per consumer
+
+
+def test_tensorrt_artifact_passes_the_tensorrt_rules(trt_graph):
+    onnx.checker.check_model(trt_graph)
+    assert tensorrt_problems(trt_graph) == []
+    g = trt_graph.graph
+    assert next(o.version for o in trt_graph.opset_import if o.domain in ("", "ai.onnx")) >= 13
+    inits = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    # spelled out here too, so the rules do not rest on tensorrt_problems alone
+    qdq = [n for n in g.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    assert qdq and all(inits[n.input[2]].dtype == np.int8 and not inits[n.input[2]].any() for n in qdq)
+    assert not any(n.input[0] in inits and inits[n.input[0]].dtype == np.int32 for n in qdq)
+    for q in (n for n in qdq if n.op_type == "QuantizeLinear"):
+        assert [c.op_type for c in consumers[q.output[0]]] == ["DequantizeLinear"], q.name
+    # every Conv and the Gemm take INT8 activations and per-channel INT8 weights; their biases stay FP32
+    for node in (n for n in g.node if n.op_type in ("Conv", "Gemm")):
+        x, w = producer[node.input[0]], producer[node.input[1]]
+        assert x.op_type == w.op_type == "DequantizeLinear", node.name
+        assert producer[x.input[0]].op_type == "QuantizeLinear", node.name
+        weights, scale = inits[w.input[0]], inits[w.input[1]]
+        assert weights.dtype == np.int8 and weights.min() >= -127 and scale.ndim == 1, node.name
+        assert inits[node.input[2]].dtype == np.float32, node.name
+    assert sum(n.op_type == "Conv" for n in g.node) == 49
+    # the uint8 image's normalisation stays FP32: the first Q/DQ sits in front of the stem Conv
+    dq_outputs = {n.output[0] for n in qdq if n.op_type == "DequantizeLinear"}
+    normalisation = [n for n in g.node if n.op_type in ("Cast", "Sub", "Mul")]
+    assert len(normalisation) == 3 and not any(i in dq_outputs for n in normalisation for i in n.input)
+
+
+def test_cpu_artifact_fails_the_tensorrt_rules(int8_graph):
+    """The check can fail: the CPU INT8 (uint8 activations, int32 biases, shared pairs) breaks three rules."""
+    problems = tensorrt_problems(int8_graph)
+    assert any("zero point uint8" in p for p in problems)
+    assert any("dequantizes int32" in p for p in problems)
+    assert any("shared by 2 nodes" in p for p in problems)
+
+
+def test_tensorrt_problems_names_each_rule():
+    """Q feeding a Relu, DQ of int32, opset 12, a -128 weight: each caught, on a graph built by hand."""
+    from onnx import TensorProto, helper
+
+    init = [
+        numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+        numpy_helper.from_array(np.array(0, np.int8), "z"),
+        numpy_helper.from_array(np.array([1, 2], np.int32), "b"),
+        numpy_helper.from_array(np.array(0, np.int32), "z32"),
+        numpy_helper.from_array(np.array([-128, 5], np.int8), "w"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q"),
+        helper.make_node("Relu", ["xq"], ["r"], name="relu"),
+        helper.make_node("DequantizeLinear", ["b", "s", "z32"], ["bf"], name="dq_bias"),
+        helper.make_node("DequantizeLinear", ["w", "s", "z"], ["wf"], name="dq_w"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, [2]) for o in ("bf", "wf")],
+        init,
+    )
+    problems = tensorrt_problems(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)]))
+    assert problems[0] == "opset 12 < 13"
+    assert any(p.startswith("q: feeds ['Relu']") for p in problems)
+    assert any(p.startswith("dq_bias: dequantizes int32") for p in problems)
+    assert any(p.startswith("dq_bias: zero point int32") for p in problems)
+    assert any(p.startswith("dq_w: int8 weights reach -128") for p in problems)
+
+
+def test_tensorrt_artifact_agrees_with_fp32_on_the_sample_photographs(trt_model, runners):
+    x = _eval_batch()
+    fp32 = runners["fp32"].logits(x)
+    trt = qdq_as_written(trt_model, LIGHT).logits(x)
+    assert trt.shape == fp32.shape == (5, 1000) and trt.dtype == np.float32
+    agree = int(np.sum(fp32.argmax(1) == trt.argmax(1)))
+    assert agree >= 4, f"the TensorRT INT8 agrees with FP32 on {agree}/5 photographs"
+    assert not np.allclose(fp32, trt)
+    # the report's section says the same, and what ORT's fused CPU kernels make of the graph besides
+    images = [report_module.EvalImage(n, b"", y) for n, y in EVAL_PHOTOS.items()]
+    section = tensorrt_section(fp32, trt_model, x, images, [str(i) for i in range(1000)], LIGHT)
+    assert section["quality"]["top1_agree_count"] == agree and section["quality"]["images"] == 5
+    assert 0 <= section["cpu_kernels_top1_agree_count"] <= 5
+    assert [p["trt_top1"] for p in section["per_image"]] == trt.argmax(1).tolist()
+    assert all(0 < p["trt_top1_prob"] <= 1 for p in section["per_image"])
+
+
+def test_quantize_tensorrt_target_checks(model_files, tmp_path):
+    with pytest.raises(ValueError, match="quantization target 'gpu'"):
+        quantize(model_files.fp32, tmp_path / "x.onnx", [], QuantizeOptions(target="gpu"))  # type: ignore[arg-type]
+    old = onnx.load(str(model_files.fp32))
+    old.opset_import[0].version = 12  # what the check reads; the model is never run
+    onnx.save(old, str(tmp_path / "old.onnx"))
+    with pytest.raises(ValueError, match="opset 12; the tensorrt target needs opset >= 13"):
+        quantize(tmp_path / "old.onnx", tmp_path / "x.onnx", [], QuantizeOptions(target="tensorrt"))
+    assert not (tmp_path / "x.onnx").exists()
+    assert ModelFiles(tmp_path).int8_for("tensorrt").name == "efficientnet_lite0-int8-trt.onnx"
+    assert ModelFiles(tmp_path).int8_for("cpu") == ModelFiles(tmp_path).int8
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,6 +289,32 @@ def test_build_report(model_files, monkeypatch, tmp_path):
     report_module.write_report(r, tmp_path / "r.json", tmp_path / "r.md")
     assert json.loads((tmp_path / "r.json").read_text()) == json.loads(json.dumps(r))
     assert (tmp_path / "r.md").read_text() == md
+
+
+def test_build_report_covers_the_tensorrt_artifact(model_files, trt_model, monkeypatch):
+    monkeypatch.setattr(report_module, "time_batches", _fake_rows)
+    labels = model_files.labels.read_text().splitlines()
+    r = build_report(model_files.fp32, model_files.int8, labels, threads=1, batch_sizes=(1,), int8_trt=trt_model)
+    # the CPU INT8's keys as before; the TensorRT INT8 adds a graph summary and a section
+    assert {"models", "quality", "per_image", "latency", "int8_speedup_by_batch", "tensorrt"} <= set(r)
+    assert set(r["models"]) == {"fp32", "int8", "int8_trt"}
+    m = r["models"]["int8_trt"]
+    assert m["quantize_linear"] == 68 and m["dequantize_linear"] == 118 and m["nodes"] == 284
+    assert "Conv" not in m["fp32_op_types"] and m["bytes"] < r["models"]["fp32"]["bytes"] / 3
+    t = r["tensorrt"]
+    assert "session.disable_quant_qdq=1" in t["evaluated_as"]
+    assert t["quality"]["images"] == 5 and t["quality"]["top1_agree_count"] >= 4
+    assert [p["image"] for p in t["per_image"]] == list(EVAL_PHOTOS)
+    chelsea = r["per_image"][0]
+    assert chelsea["image"] == "chelsea" and 0 < chelsea["int8_top1_prob"] <= 1 and 0 < chelsea["fp32_top1_prob"] <= 1
+    md = to_markdown(r)
+    assert "TensorRT INT8 (efficientnet_lite0-int8-trt.onnx" in md
+    assert "| QuantizeLinear / DequantizeLinear | 68 / 118 |" in md
+    assert f"| top-1 agreement with FP32 | {t['quality']['top1_agreement']:.3f} " in md
+    assert "ORT's fused S8S8 CPU kernels" in md
+    # without the artifact, no section (the report of a directory that has only the CPU INT8)
+    assert "TensorRT" not in to_markdown({k: v for k, v in r.items() if k != "tensorrt"})
+    assert json.loads(json.dumps(r)) == r
 
 
 def test_graph_summary_counts(model_files):

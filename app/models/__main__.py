@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from tqdm import tqdm
 
-from app.models import ModelFiles, default_files
+from app.models import TARGETS, ModelFiles, Target, default_files
 
 
 class CLIError(Exception):
@@ -54,6 +55,13 @@ def cmd_quantize(args: argparse.Namespace, files: ModelFiles) -> int:
     calibration_dir = _existing_dir(args.calibration_dir)
     eval_dir = _existing_dir(args.eval_dir)
     _check_onnx(files.fp32, "FP32")
+    out = files.int8_for(args.target)
+    if args.target != "cpu" and not args.no_report and not files.int8.is_file():
+        # The report compares FP32 with the CPU INT8 first: say so now, not after minutes of calibration.
+        raise CLIError(
+            f"the report needs the CPU INT8 model {files.int8}: run `python -m app.models quantize` first, "
+            "or pass --no-report"
+        )
     started = time.perf_counter()
     if calibration_dir is not None:
         from app.models.calibration import sample_directory
@@ -66,14 +74,23 @@ def cmd_quantize(args: argparse.Namespace, files: ModelFiles) -> int:
 
         images = augmented_samples(args.num_images, args.seed)
         source = f"sample photographs, {len(images)} random crops/flips, seed {args.seed} (a demo set)"
-    opts = QuantizeOptions(method=args.method, op_types=args.op_types, exclude_nodes=args.exclude_nodes or ())
-    print(f"calibrating on {source} with {args.method}")
-    quantize(files.fp32, files.int8, images, opts)
-    print(f"wrote {files.int8} in {time.perf_counter() - started:.1f}s")
+    opts = QuantizeOptions(
+        method=args.method, op_types=args.op_types, exclude_nodes=args.exclude_nodes or (), target=args.target
+    )
+    print(f"calibrating on {source} with {args.method} for {args.target}")
+    quantize(files.fp32, out, images, opts)
+    print(f"wrote {out} in {time.perf_counter() - started:.1f}s")
     if args.no_report:
         return 0
-    calibration = {"source": source, "method": args.method, "op_types": args.op_types, "exclude": args.exclude_nodes}
-    return _report(files, eval_dir, args.min_agreement, {"calibration": calibration})
+    calibration = {
+        "source": source,
+        "method": args.method,
+        "op_types": args.op_types,
+        "exclude": args.exclude_nodes,
+        "target": args.target,
+    }
+    # The gate judges the model this run wrote; the report still covers every INT8 model there is.
+    return _report(files, eval_dir, args.min_agreement, {"calibration": calibration}, gate=(args.target,))
 
 
 def cmd_report(args: argparse.Namespace, files: ModelFiles) -> int:
@@ -81,24 +98,40 @@ def cmd_report(args: argparse.Namespace, files: ModelFiles) -> int:
     return _report(files, eval_dir, args.min_agreement, {})
 
 
-def _report(files: ModelFiles, eval_dir: Path | None, min_agreement: float | None, extra: dict) -> int:
+def _report(
+    files: ModelFiles,
+    eval_dir: Path | None,
+    min_agreement: float | None,
+    extra: dict,
+    gate: Sequence[Target] = TARGETS,
+) -> int:
     from app.models.report import build_report, to_markdown, write_report
 
     _check_onnx(files.fp32, "FP32")
     _check_onnx(files.int8, "INT8")
+    trt = files.int8_trt if files.int8_trt.exists() else None
+    if trt is not None:
+        _check_onnx(trt, "TensorRT INT8")
     labels = files.labels.read_text().splitlines()
-    report = build_report(files.fp32, files.int8, labels, eval_dir=eval_dir, extra=extra)
+    report = build_report(files.fp32, files.int8, labels, eval_dir=eval_dir, extra=extra, int8_trt=trt)
     write_report(report, files.report_json, files.report_md)
     print(to_markdown(report))
     print(f"wrote {files.report_json} and {files.report_md}")
-    agreement = report["quality"]["top1_agreement"]
-    if min_agreement is not None and agreement < min_agreement:
-        print(
-            f"INT8 top-1 agreement with FP32 is {agreement:.3f}, below --min-agreement {min_agreement:.3f}",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    agreements = {"cpu": ("INT8", report["quality"]["top1_agreement"])}
+    if "tensorrt" in report:
+        agreements["tensorrt"] = ("TensorRT INT8", report["tensorrt"]["quality"]["top1_agreement"])
+    status = 0
+    for target in gate:
+        if target not in agreements or min_agreement is None:
+            continue
+        name, agreement = agreements[target]
+        if agreement < min_agreement:
+            print(
+                f"{name} top-1 agreement with FP32 is {agreement:.3f}, below --min-agreement {min_agreement:.3f}",
+                file=sys.stderr,
+            )
+            status = 1
+    return status
 
 
 def parser() -> argparse.ArgumentParser:
@@ -110,19 +143,35 @@ def parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_build)
     for name, func, helptext in (
         ("quantize", cmd_quantize, "INT8 by post-training static quantization, then the report"),
-        ("report", cmd_report, "quality and speed of INT8 against FP32"),
+        ("report", cmd_report, "quality and speed of INT8 (and of the TensorRT INT8, if built) against FP32"),
     ):
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--eval-dir", help="evaluation images (class sub-folders named by id or label give accuracy)")
-        s.add_argument("--min-agreement", type=float, help="exit 1 if INT8 top-1 agreement with FP32 is below this")
+        s.add_argument(
+            "--min-agreement",
+            type=float,
+            help="exit 1 if INT8 top-1 agreement with FP32 is below this (quantize: the model it wrote; "
+            "report: every INT8 model)",
+        )
         s.set_defaults(func=func)
         if name == "quantize":
             s.add_argument("--calibration-dir", help="calibration images (class sub-folders are sampled evenly)")
             s.add_argument("--num-images", type=int, default=64, help="calibration images to use (default 64)")
             s.add_argument("--seed", type=int, default=0)
             s.add_argument("--method", choices=["minmax", "percentile", "entropy"], default="minmax")
-            s.add_argument("--op-types", type=_csv, help="comma-separated op types to quantize (default: all)")
+            s.add_argument(
+                "--op-types",
+                type=_csv,
+                help="comma-separated op types to quantize (default: all for cpu; Conv,Gemm,MatMul,Add for tensorrt)",
+            )
             s.add_argument("--exclude-nodes", type=_csv, help="comma-separated node names to keep in FP32")
+            s.add_argument(
+                "--target",
+                choices=TARGETS,
+                default="cpu",
+                help="cpu: QUInt8 activations for ONNX Runtime's CPU kernels (writes the INT8 model); "
+                "tensorrt: symmetric S8S8 for TensorRT's explicit quantization (writes the -int8-trt model)",
+            )
             s.add_argument("--no-report", action="store_true", help="skip the report")
     return p
 

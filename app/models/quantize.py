@@ -1,4 +1,10 @@
-"""Post-training static quantization to INT8 (QDQ, QUInt8 activations, QInt8 per-channel weights).
+"""Post-training static quantization to INT8 (QDQ, per-channel symmetric QInt8 weights), for one of two targets.
+
+cpu       QUInt8 activations (asymmetric): ONNX Runtime's CPU kernels; Clip/Relu fold into the ranges.
+tensorrt  QInt8 activations, symmetric (zero point 0), as TensorRT's explicit quantization requires: FP32
+          biases (TensorRT quantizes them itself; an int32 bias DequantizeLinear is not accepted), one Q/DQ
+          pair per consumer (TensorRT cannot share a pair between nodes), Q/DQ only in front of the layers
+          TensorRT runs in INT8 (onnx-tensorrt operator docs; NVIDIA's Q/DQ placement recommendations).
 
 Offline tooling: like the report, it uses onnxruntime.quantization directly;
 serving code reaches ONNX Runtime only through app.runtime.
@@ -8,13 +14,17 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
+from app.models import TARGETS, Target
 from app.models.build import atomic_write
 from app.models.calibration import ImageCalibrationReader
 
@@ -24,13 +34,47 @@ METHODS = {
     "entropy": CalibrationMethod.Entropy,
 }
 
+# Per-axis QuantizeLinear/DequantizeLinear (per-channel weights) exist from opset 13; onnx-tensorrt needs it too.
+MIN_TENSORRT_OPSET = 13
+
+
+@dataclass(frozen=True)
+class TargetProfile:
+    """What differs between targets; everything else (format, calibration, per-channel weights) is shared."""
+
+    activation_type: QuantType
+    op_types: tuple[str, ...] | None  # the target's default; None: every op type ONNX Runtime can quantize
+    extra_options: dict[str, Any] = field(default_factory=dict)
+
+
+PROFILES: dict[Target, TargetProfile] = {
+    "cpu": TargetProfile(QuantType.QUInt8, None, {"ActivationSymmetric": False, "WeightSymmetric": True}),
+    "tensorrt": TargetProfile(
+        QuantType.QInt8,
+        # Conv/Gemm/MatMul run in INT8; Add lets TensorRT fuse each residual into its project Conv. The input
+        # normalisation (Cast/Sub/Mul of the uint8 image) stays FP32, quantized once in front of the stem Conv.
+        ("Conv", "Gemm", "MatMul", "Add"),
+        {
+            "ActivationSymmetric": True,
+            "WeightSymmetric": True,
+            "QuantizeBias": False,
+            "DedicatedQDQPair": True,
+            # No Q/DQ on a Conv's own output: it would quantize the pre-ReLU6 range (steps 2-17x coarser here
+            # than ReLU6's 6/127; agreement with FP32 fell from 4/5 to 3/5 sample photographs). The Q of the
+            # next layer's input, after the Clip, is what TensorRT fuses into Conv+ReLU6 with an INT8 output.
+            "OpTypesToExcludeOutputQuantization": ["Conv", "Gemm", "MatMul"],
+        },
+    ),
+}
+
 
 @dataclass(frozen=True)
 class QuantizeOptions:
     method: str = "minmax"
-    op_types: Sequence[str] | None = None  # None: every op type ONNX Runtime can quantize
+    op_types: Sequence[str] | None = None  # None: the target's default (see PROFILES)
     exclude_nodes: Sequence[str] = ()
     per_channel: bool = True
+    target: Target = "cpu"
 
 
 def input_name(model_path: Path) -> str:
@@ -39,13 +83,64 @@ def input_name(model_path: Path) -> str:
     return next(i.name for i in model.graph.input if i.name not in inits)
 
 
+def default_opset(model_path: Path) -> int:
+    model = onnx.load(str(model_path), load_external_data=False)
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def tensorrt_problems(model: onnx.ModelProto) -> list[str]:
+    """Why TensorRT's explicit quantization would refuse or mis-read this QDQ graph (empty: it would not).
+
+    TensorRT: opset >= 13, INT8 zero points that are 0 (symmetric only), no INT32 DequantizeLinear (it
+    quantizes biases itself), weights in [-127, 127], and a Q/DQ pair of its own for every consumer
+    (each QuantizeLinear feeds exactly one DequantizeLinear, each DequantizeLinear exactly one node).
+    """
+    problems = []
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < MIN_TENSORRT_OPSET:
+        problems.append(f"opset {opset} < {MIN_TENSORRT_OPSET}")
+    inits = {i.name: i for i in model.graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    for node in model.graph.node:
+        if node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        if len(node.input) < 3 or node.input[2] not in inits:
+            problems.append(f"{node.name}: no constant zero point (QuantizeLinear then means uint8)")
+        else:
+            zero = numpy_helper.to_array(inits[node.input[2]])
+            if zero.dtype != np.int8 or zero.any():
+                problems.append(f"{node.name}: zero point {zero.dtype} {zero.ravel()[:4].tolist()}, not int8 0")
+        if node.op_type == "DequantizeLinear" and node.input[0] in inits:
+            data = numpy_helper.to_array(inits[node.input[0]])
+            if data.dtype == np.int32:
+                problems.append(f"{node.name}: dequantizes int32 (a quantized bias)")
+            elif data.dtype == np.int8 and data.size and data.min() < -127:
+                problems.append(f"{node.name}: int8 weights reach -128 (TensorRT's weight range is [-127, 127])")
+        if node.op_type == "QuantizeLinear":
+            users = consumers.get(node.output[0], [])
+            if [u.op_type for u in users] != ["DequantizeLinear"]:
+                problems.append(f"{node.name}: feeds {[u.op_type for u in users]}, not one DequantizeLinear")
+        elif len(consumers.get(node.output[0], [])) > 1:
+            problems.append(f"{node.name}: shared by {len(consumers[node.output[0]])} nodes")
+    return problems
+
+
 def quantize(fp32: Path, int8: Path, calibration: Sequence[bytes], opts: QuantizeOptions, size: int = 224) -> None:
     if opts.method not in METHODS:
         raise ValueError(f"calibration method {opts.method!r} is not one of {sorted(METHODS)}")
+    if opts.target not in PROFILES:
+        raise ValueError(f"quantization target {opts.target!r} is not one of {list(TARGETS)}")
+    if opts.target == "tensorrt" and (opset := default_opset(fp32)) < MIN_TENSORRT_OPSET:
+        raise ValueError(f"{fp32} is opset {opset}; the tensorrt target needs opset >= {MIN_TENSORRT_OPSET}")
+    profile = PROFILES[opts.target]
+    op_types = list(opts.op_types) if opts.op_types else profile.op_types
     reader = ImageCalibrationReader(calibration, input_name(fp32), size=size)
-    extra = {"ActivationSymmetric": False, "WeightSymmetric": True}
+    extra = dict(profile.extra_options)
     if opts.method == "percentile":
-        extra["CalibPercentile"] = 99.999  # type: ignore[assignment]
+        extra["CalibPercentile"] = 99.999
     with tempfile.TemporaryDirectory() as tmp:
         prepared = Path(tmp) / "prepared.onnx"
         # ONNX shape inference and ORT's graph clean-up, so every tensor the quantizer sees has a type.
@@ -57,12 +152,15 @@ def quantize(fp32: Path, int8: Path, calibration: Sequence[bytes], opts: Quantiz
             str(out),
             reader,
             quant_format=QuantFormat.QDQ,
-            activation_type=QuantType.QUInt8,
+            activation_type=profile.activation_type,
             weight_type=QuantType.QInt8,
             per_channel=opts.per_channel,
             calibrate_method=METHODS[opts.method],
-            op_types_to_quantize=list(opts.op_types) if opts.op_types else None,
+            op_types_to_quantize=list(op_types) if op_types else None,
             nodes_to_exclude=list(opts.exclude_nodes) or None,
             extra_options=extra,
         )
+        if opts.target == "tensorrt" and (problems := tensorrt_problems(onnx.load(str(out)))):
+            # onnxruntime.quantization's options, not this module, decide the graph: check what they produced.
+            raise RuntimeError(f"the TensorRT INT8 would not build: {'; '.join(problems[:5])}")
         atomic_write(int8, out.read_bytes())

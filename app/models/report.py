@@ -1,4 +1,9 @@
-"""What INT8 costs in accuracy and buys in speed, measured on this machine."""
+"""What INT8 costs in accuracy and buys in speed, measured on this machine.
+
+The TensorRT INT8 artifact (symmetric S8S8, app.models.quantize target tensorrt) gets its own section:
+its agreement with FP32 and its graph, measured on ONNX Runtime's CPU EP. Its speed belongs to TensorRT
+on a GPU, not here.
+"""
 
 from __future__ import annotations
 
@@ -18,12 +23,16 @@ import onnx
 from app.models.calibration import sample_directory
 from app.models.samples import EVAL_PHOTOS, available_photos, sample_bytes
 from app.preprocess import preprocess
-from app.runtime import ModelRunner, RuntimeOptions, softmax
+from app.runtime import CPU, EngineChoice, OrtEngine, RuntimeOptions, cpu_engine, softmax
+from app.runtime.plan import RECORD_ASSIGNMENT, Provider
 
 BATCH_SIZES = (1, 8, 16, 32)
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
 # Ops that move or reshape data: "stayed FP32" is only interesting for ops that compute.
 PLUMBING_OPS = {"Cast", "Transpose", "Flatten", "Reshape", "Shape", "Identity", "Squeeze", "Unsqueeze"}
+# ONNX Runtime session config key (onnxruntime_session_options_config_keys.h): keep every
+# QuantizeLinear/DequantizeLinear a node of its own instead of fusing Q/DQ groups into ORT's integer kernels.
+DISABLE_QDQ_FUSION = "session.disable_quant_qdq"
 
 
 @dataclass(frozen=True)
@@ -91,7 +100,53 @@ def compare(fp32_logits: np.ndarray, int8_logits: np.ndarray, labels: Sequence[i
     return out
 
 
-def time_batches(runner: ModelRunner, batch_sizes: Sequence[int], budget_s: float = 1.5) -> list[dict[str, Any]]:
+def qdq_as_written(path: Path, opts: RuntimeOptions) -> OrtEngine:
+    """The CPU EP computing a QDQ graph as written: each Q/DQ rounds and clamps, the layers between run in FP32.
+
+    That is the arithmetic of TensorRT's explicit quantization (its INT8 kernels accumulate in INT32: the
+    same values up to summation order), so it tells what the TensorRT artifact computes without a GPU.
+    ORT's own fused S8S8 CPU kernels do not: on x86 CPUs without VNNI (AVX2, AVX-512 before Cascade Lake)
+    VPMADDUBSW saturates their 16-bit pair sums (oneDNN "Nuances of int8 computations"; onnxruntime
+    PR #12088), far more often with sign-flipped S8 activations than with ReLU-range U8 ones. The report
+    shows that path's agreement separately.
+    """
+    choice = EngineChoice("cpu", (Provider(CPU),), {DISABLE_QDQ_FUSION: "1", RECORD_ASSIGNMENT: "1"})
+    return OrtEngine(path, opts, choice)
+
+
+def tensorrt_section(
+    fp32_logits: np.ndarray,
+    trt: Path,
+    x: np.ndarray,
+    images: Sequence[EvalImage],
+    labels: Sequence[str],
+    opts: RuntimeOptions,
+) -> dict[str, Any]:
+    """Agreement of the TensorRT artifact with FP32: as TensorRT computes it, and through ORT's CPU kernels."""
+    written = qdq_as_written(trt, opts).logits(x)
+    fused = cpu_engine(str(trt), opts).logits(x)
+    p, q = softmax(fp32_logits.astype(np.float64)), softmax(written.astype(np.float64))
+    return {
+        "evaluated_as": f"{CPU}, {DISABLE_QDQ_FUSION}=1 (Q/DQ computed as written, as TensorRT does)",
+        "quality": compare(fp32_logits, written, [im.label for im in images]),
+        "cpu_kernels_top1_agree_count": int(np.sum(fp32_logits.argmax(1) == fused.argmax(1))),
+        "per_image": [
+            {
+                "image": im.name,
+                "label": im.label,
+                "fp32_top1": int(p[i].argmax()),
+                "fp32_top1_prob": float(p[i].max()),
+                "trt_top1": int(q[i].argmax()),
+                "trt_top1_label": labels[int(q[i].argmax())],
+                "trt_top1_prob": float(q[i].max()),
+                "cpu_kernels_top1": int(fused[i].argmax()),
+            }
+            for i, im in enumerate(images)
+        ],
+    }
+
+
+def time_batches(runner: OrtEngine, batch_sizes: Sequence[int], budget_s: float = 1.5) -> list[dict[str, Any]]:
     rows = []
     for n in batch_sizes:
         x = runner.dummy_batch(n)
@@ -124,13 +179,15 @@ def build_report(
     threads: int | None = None,
     batch_sizes: Sequence[int] = BATCH_SIZES,
     extra: dict[str, Any] | None = None,
+    int8_trt: Path | None = None,
 ) -> dict[str, Any]:
     threads = threads or (os.cpu_count() or 1)
     opts = RuntimeOptions(threads=threads, prefer_gpu=False)
-    runners = {"fp32": ModelRunner(fp32, opts), "int8": ModelRunner(int8, opts)}
+    runners = {"fp32": cpu_engine(str(fp32), opts), "int8": cpu_engine(str(int8), opts)}
     images = eval_images(eval_dir, labels)
     x = np.stack([preprocess(im.data, runners["fp32"].spec.height) for im in images])
     logits = {k: r.logits(x) for k, r in runners.items()}
+    probs = {k: softmax(v.astype(np.float64)) for k, v in logits.items()}
     per_image = [
         {
             "image": im.name,
@@ -139,6 +196,8 @@ def build_report(
             "int8_top1": int(logits["int8"][i].argmax()),
             "fp32_top1_label": labels[int(logits["fp32"][i].argmax())],
             "int8_top1_label": labels[int(logits["int8"][i].argmax())],
+            "fp32_top1_prob": float(probs["fp32"][i].max()),
+            "int8_top1_prob": float(probs["int8"][i].max()),
         }
         for i, im in enumerate(images)
     ]
@@ -146,16 +205,22 @@ def build_report(
     speedup = {
         str(a["batch"]): a["p50_ms"] / b["p50_ms"] for a, b in zip(speed["fp32"], speed["int8"], strict=True)
     }
+    models = {"fp32": graph_summary(fp32), "int8": graph_summary(int8)}
+    tensorrt: dict[str, Any] = {}
+    if int8_trt is not None:
+        models["int8_trt"] = graph_summary(int8_trt)
+        tensorrt["tensorrt"] = tensorrt_section(logits["fp32"], int8_trt, x, images, labels, opts)
     return {
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
         "threads": threads,
         "provider": runners["fp32"].active_provider,
         "eval_set": str(eval_dir) if eval_dir else "sample photographs (scikit-image, matplotlib)",
-        "models": {"fp32": graph_summary(fp32), "int8": graph_summary(int8)},
+        "models": models,
         "quality": compare(logits["fp32"], logits["int8"], [im.label for im in images]),
         "per_image": per_image,
         "latency": speed,
         "int8_speedup_by_batch": speedup,
+        **tensorrt,
         **(extra or {}),
     }
 
@@ -166,8 +231,9 @@ def to_markdown(r: dict[str, Any]) -> str:
         "| | FP32 | INT8 |",
         "|---|---|---|",
         f"| file size | {m['fp32']['bytes'] / 1e6:.1f} MB | {m['int8']['bytes'] / 1e6:.1f} MB |",
-        f"| QuantizeLinear / DequantizeLinear | - | {m['int8']['quantize_linear']} / {m['int8']['dequantize_linear']} |",
-        f"| op types left in FP32 | - | {', '.join(f'{k}×{v}' for k, v in m['int8']['fp32_op_types'].items()) or 'none'} |",
+        "| QuantizeLinear / DequantizeLinear | - "
+        f"| {m['int8']['quantize_linear']} / {m['int8']['dequantize_linear']} |",
+        f"| op types left in FP32 | - | {_op_counts(m['int8']['fp32_op_types'])} |",
         "",
         f"Evaluation on {q['images']} images ({r['eval_set']}):",
         "",
@@ -192,9 +258,37 @@ def to_markdown(r: dict[str, Any]) -> str:
         lines.append(
             f"| {a['batch']} | {a['p50_ms']:.1f} | {a['p99_ms']:.1f} | {a['images_per_s']:.0f} "
             f"| {b['p50_ms']:.1f} | {b['p99_ms']:.1f} | {b['images_per_s']:.0f} "
-            f"| {r['int8_speedup_by_batch'][str(a['batch'])]:.2f}× |"
+            f"| {r['int8_speedup_by_batch'][str(a['batch'])]:.2f}× |"  # noqa: RUF001 - the sign is meant
         )
+    if "tensorrt" in r:
+        lines += ["", *_tensorrt_markdown(m["int8_trt"], r["tensorrt"], r["eval_set"])]
     return "\n".join(lines) + "\n"
+
+
+def _op_counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k}×{v}" for k, v in counts.items()) or "none"  # noqa: RUF001 - the sign is meant
+
+
+def _tensorrt_markdown(m: dict[str, Any], t: dict[str, Any], eval_set: str) -> list[str]:
+    q = t["quality"]
+    lines = [
+        f"TensorRT INT8 ({Path(m['file']).name}: symmetric S8S8 for TensorRT's explicit quantization) on "
+        f"{q['images']} images ({eval_set}), on {t['evaluated_as']}:",
+        "",
+        "| | TensorRT INT8 |",
+        "|---|---|",
+        f"| file size | {m['bytes'] / 1e6:.1f} MB |",
+        f"| QuantizeLinear / DequantizeLinear | {m['quantize_linear']} / {m['dequantize_linear']} |",
+        f"| op types left in FP32 | {_op_counts(m['fp32_op_types'])} |",
+        f"| top-1 agreement with FP32 | {q['top1_agreement']:.3f} ({q['top1_agree_count']}/{q['images']}) |",
+        f"| top-5 overlap | {q['top5_overlap']:.3f} |",
+        f"| mean KL(FP32 ‖ TensorRT INT8) | {q['mean_kl_divergence']:.4f} |",
+    ]
+    if "int8_top1_accuracy" in q:
+        lines.append(f"| top-1 accuracy ({q['labelled_images']} labelled) | {q['int8_top1_accuracy']:.3f} |")
+    fused = t["cpu_kernels_top1_agree_count"]
+    lines.append(f"| top-1 agreement through ORT's fused S8S8 CPU kernels | {fused}/{q['images']} |")
+    return lines
 
 
 def write_report(report: dict[str, Any], json_path: Path, md_path: Path) -> None:
