@@ -78,6 +78,9 @@ class OpenVinoEngine:
         self.active_provider = OPENVINO
         self.version = ov.__version__
         self._alive = True
+        # The first inference initialises pybind11's numpy bindings under a call-once that deadlocks when two
+        # threads race into it (seen here: two parallel first calls hung a replica), so it is made from here.
+        self.logits(self.dummy_batch(1))
 
     @property
     def alive(self) -> bool:
