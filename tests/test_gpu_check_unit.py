@@ -1,0 +1,237 @@
+"""benchmarks/gpu_check.py without a GPU: the whole flow as a CPU dry run, the report, and the refusals.
+
+Pure: no Ray. Every run is tiny (batch 1 and 2, a few timed calls), so the module takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.models import ModelFiles
+from app.runtime.ort_engine import missing_libraries, usable_providers
+from app.runtime.plan import CPU, CUDA, TENSORRT
+from benchmarks import gpu_check
+from benchmarks.gpu_check import TARGET_NAMES, batch_table, main
+
+FAST = ["--batches", "1,2", "--budget", "0.01", "--warmup", "1", "--min-runs", "2", "--max-runs", "3"]
+
+
+def _trt_int8(files: ModelFiles) -> str:
+    """The TensorRT artifact when it is built, else the CPU INT8 one as a stand-in (the CPU EP runs either)."""
+    trt = files.root / "efficientnet_lite0-int8-trt.onnx"
+    return str(trt if trt.is_file() else files.int8)
+
+
+def _models(files: ModelFiles) -> list[str]:
+    return ["--fp32", str(files.fp32), "--int8", str(files.int8), "--trt-int8", _trt_int8(files)]
+
+
+def _table_rows(markdown: str) -> list[list[str]]:
+    """The data rows of the first Markdown table in `markdown`."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| target | batch |"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+@pytest.fixture(scope="module")
+def dry_run(model_files: ModelFiles, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("gpu-check")
+    cache = tmp_path_factory.mktemp("gpu-check-cache") / "kept"
+    rc = main(
+        [
+            "--cpu-dry-run",
+            "--in-process",
+            "--out-dir",
+            str(out),
+            "--cache-dir",
+            str(cache),
+            *FAST,
+            *_models(model_files),
+        ]
+    )
+    files = sorted(out.iterdir())
+    return {"rc": rc, "files": files, "out": out, "cache": cache}
+
+
+def _json(run: dict[str, Any]) -> dict[str, Any]:
+    [path] = [f for f in run["files"] if f.suffix == ".json"]
+    return json.loads(path.read_text())
+
+
+def test_the_dry_run_writes_json_and_markdown_beside_it_with_every_target_and_batch(dry_run: dict[str, Any]) -> None:
+    assert dry_run["rc"] == 0
+    names = sorted(f.name for f in dry_run["files"])
+    assert len(names) == 2 and names[0].endswith("-gpu-dryrun.json") and names[1].endswith("-gpu-dryrun.md")
+    assert names[0].removesuffix(".json") == names[1].removesuffix(".md")
+    result = _json(dry_run)
+    assert result["dry_run"] is True
+    assert list(result["targets"]) == list(TARGET_NAMES)
+    for name, r in result["targets"].items():
+        assert "error" not in r, name
+        assert [b["batch"] for b in r["batches"]] == [1, 2]
+        for b in r["batches"]:
+            assert b["runs"] >= 2 and 0 < b["p50_ms"] <= b["max_ms"]
+            assert b["images_per_s"] == pytest.approx(b["batch"] * 1000 / b["p50_ms"])
+    assert {"onnxruntime", "tensorrt", "usable_providers", "missing_libraries"} <= set(result["runtime"])
+    assert result["environment"]["packages"]
+
+
+def test_every_node_of_the_dry_run_is_placed_and_all_on_the_cpu_ep(dry_run: dict[str, Any]) -> None:
+    for name, r in _json(dry_run)["targets"].items():
+        placement = r["placement"]
+        assert placement["intended_provider"] == CPU, name
+        assert set(placement["nodes_per_provider"]) == {CPU}, name
+        assert placement["nodes_per_provider"][CPU] == placement["nodes"] == placement["on_intended"] > 0
+        assert placement["not_on_intended"] == []
+        assert r["cached_placement_same"] is True
+        assert [p["name"] for p in r["ran"]["providers"]] == [CPU]
+        assert r["cold_start"]["requested_providers"] == r["cold_start"]["session_providers"] == [CPU]
+    # the QDQ graph has its Quantize/Dequantize nodes: more nodes than the FP32 graph it came from
+    targets = _json(dry_run)["targets"]
+    assert targets["cuda-qdq-int8"]["placement"]["nodes"] > targets["cuda-fp32"]["placement"]["nodes"]
+
+
+def test_cold_and_cached_start_are_both_reported(dry_run: dict[str, Any]) -> None:
+    for name, r in _json(dry_run)["targets"].items():
+        for phase in ("cold_start", "cached_start"):
+            start = r[phase]
+            assert start["session_s"] > 0 and start["first_call_ms"] > 0, (name, phase)
+            assert start["first_call_batch"] == 1
+            assert start["engine_cache"] == {"files": 0, "bytes": 0}  # the CPU EP writes no engine
+        assert r["cached_start_rebuilt"] is False
+        assert "batches" not in r["cold_start"] and "batches" not in r["cached_start"]
+        assert r["cache_dir"] == str(dry_run["cache"] / name)
+
+
+def test_the_dry_run_records_the_gpu_providers_the_real_run_would_request(dry_run: dict[str, Any]) -> None:
+    targets = _json(dry_run)["targets"]
+
+    def planned(name: str) -> list[dict[str, Any]]:
+        return targets[name]["planned"]["providers"]
+
+    assert [p["name"] for p in planned("trt-int8")] == [TENSORRT, CUDA, CPU]
+    assert [p["name"] for p in planned("trt-fp16")] == [TENSORRT, CUDA, CPU]
+    assert [p["name"] for p in planned("cuda-fp32")] == [CUDA, CPU]
+    assert [p["name"] for p in planned("cuda-qdq-int8")] == [CUDA, CPU]
+    int8, fp16 = planned("trt-int8")[0]["options"], planned("trt-fp16")[0]["options"]
+    assert (int8["trt_int8_enable"], int8["trt_fp16_enable"]) == (True, False)
+    assert (fp16["trt_int8_enable"], fp16["trt_fp16_enable"]) == (False, True)
+    assert fp16["trt_profile_max_shapes"] == "image:64x224x224x3"
+    # each TensorRT target builds into its own directory under the run's cache root
+    assert int8["trt_engine_cache_path"].startswith(targets["trt-int8"]["cache_dir"] + "/")
+    assert fp16["trt_engine_cache_path"].startswith(targets["trt-fp16"]["cache_dir"] + "/")
+    assert targets["cuda-qdq-int8"]["model"].endswith("efficientnet_lite0-int8.onnx")
+    assert targets["trt-fp16"]["model"] == targets["cuda-fp32"]["model"]
+
+
+def test_the_table_has_one_row_per_target_and_batch(dry_run: dict[str, Any]) -> None:
+    result = _json(dry_run)
+    md = next(f for f in dry_run["files"] if f.suffix == ".md").read_text()
+    rows = _table_rows(md)
+    assert [(r[0], r[1]) for r in rows] == [(t, b) for t in TARGET_NAMES for b in ("1", "2")]
+    assert _table_rows(batch_table(result)) == rows
+    by_key = {(r[0], r[1]): r for r in rows}
+    assert by_key[("cuda-fp32", "1")][6] == "1.00x"  # the reference against itself
+    qdq = result["targets"]["cuda-qdq-int8"]["batches"][1]["images_per_s"]
+    ref = result["targets"]["cuda-fp32"]["batches"][1]["images_per_s"]
+    assert by_key[("cuda-qdq-int8", "2")][6] == f"{qdq / ref:.2f}x"
+    assert "cold start s" in md and "cached start s" in md and "nodes not on intended EP" in md
+
+
+def test_the_table_is_printed_too(model_files: ModelFiles, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--cpu-dry-run", "--in-process", "--targets", "cuda-fp32", "--out-dir", str(tmp_path), *FAST]
+    assert main([*args, *_models(model_files)]) == 0
+    out = capsys.readouterr().out
+    assert [(r[0], r[1]) for r in _table_rows(out)] == [("cuda-fp32", "1"), ("cuda-fp32", "2")]
+    # without --cache-dir the engine caches go to a temporary directory, removed afterwards
+    [path] = tmp_path.glob("*.json")
+    cache_root = Path(json.loads(path.read_text())["targets"]["cuda-fp32"]["cache_dir"]).parent
+    assert cache_root.name.startswith("gpu-check-cache-") and not cache_root.exists()
+
+
+@pytest.mark.skipif(
+    {TENSORRT, CUDA} <= set(usable_providers()), reason="the GPU providers load here: nothing is missing"
+)
+def test_without_the_gpu_libraries_it_exits_2_naming_them(
+    model_files: ModelFiles, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--out-dir", str(tmp_path), *FAST, *_models(model_files)]) == 2
+    err = capsys.readouterr().err
+    missing = set(missing_libraries(TENSORRT)) | set(missing_libraries(CUDA))
+    assert missing, "no library missing, yet the providers are unusable"
+    for lib in missing:
+        assert lib in err
+    assert "--cpu-dry-run" in err
+    assert list(tmp_path.iterdir()) == []
+    # only the CUDA targets: TensorRT's own libraries are not asked for
+    if missing_libraries(CUDA):
+        assert main(["--targets", "cuda-fp32", "--out-dir", str(tmp_path), *FAST, *_models(model_files)]) == 2
+        err = capsys.readouterr().err
+        assert TENSORRT not in err and "libnvinfer" not in err and missing_libraries(CUDA)[0] in err
+
+
+def test_a_cache_directory_with_files_in_it_is_refused(
+    model_files: ModelFiles, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cache = tmp_path / "cache"
+    (cache / "trt-fp16" / "old").mkdir(parents=True)
+    (cache / "trt-fp16" / "old" / "model.engine").write_bytes(b"x")
+    args = ["--cpu-dry-run", "--in-process", "--cache-dir", str(cache), "--out-dir", str(tmp_path / "out"), *FAST]
+    assert main([*args, *_models(model_files)]) == 2
+    assert "trt-fp16" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_model_file_is_refused_before_anything_runs(
+    model_files: ModelFiles, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gone = str(tmp_path / "no-such-int8-trt.onnx")
+    args = ["--cpu-dry-run", "--in-process", "--out-dir", str(tmp_path / "out"), *FAST, *_models(model_files)]
+    assert main([*args, "--trt-int8", gone]) == 2
+    assert gone in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_target_that_fails_is_reported_and_the_others_still_run(model_files: ModelFiles, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"not an onnx model")
+    args = ["--cpu-dry-run", "--in-process", "--out-dir", str(tmp_path), *FAST, *_models(model_files)]
+    targets = "trt-fp16,cuda-fp32,cuda-qdq-int8"
+    assert main([*args, "--fp32", str(broken), "--targets", targets]) == 1
+    [path] = tmp_path.glob("*.json")
+    result = json.loads(path.read_text())
+    assert result["targets"]["trt-fp16"]["error"].startswith("planning:")  # TensorRT's options read the model
+    assert result["targets"]["cuda-fp32"]["error"].startswith("cold start:")
+    assert "error" not in result["targets"]["cuda-qdq-int8"]
+    assert result["speedup_vs_reference"] == {}  # the reference did not run
+    rows = _table_rows(batch_table(result))
+    assert len(rows) == 6
+    assert all(r[7].startswith("failed") for r in rows if r[0] != "cuda-qdq-int8")
+    assert all(r[5] != "n/a" for r in rows if r[0] == "cuda-qdq-int8")
+
+
+def test_each_start_can_run_in_a_fresh_process(model_files: ModelFiles, tmp_path: Path) -> None:
+    args = ["--cpu-dry-run", "--targets", "cuda-fp32", "--batches", "1", "--budget", "0.01", "--min-runs", "2"]
+    assert main([*args, "--out-dir", str(tmp_path), *_models(model_files)]) == 0
+    [path] = tmp_path.glob("*.json")
+    result = json.loads(path.read_text())
+    r = result["targets"]["cuda-fp32"]
+    assert result["isolation"] == r["isolation"] == "process"
+    assert r["cold_start"]["session_s"] > 0 and r["cached_start"]["session_s"] > 0
+    assert r["placement"]["nodes_per_provider"] == {CPU: r["placement"]["nodes"]}
+
+
+@pytest.mark.parametrize("bad", [["--batches", "0,8"], ["--batches", ""], ["--targets", "trt-int4"]])
+def test_bad_arguments_are_refused(bad: list[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        gpu_check.parse_args(bad)
+    assert e.value.code == 2
