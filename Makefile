@@ -41,6 +41,7 @@ bench: $(MODELS)    ## the peers and this app in one run: benchmarks/results/<da
 	$(PY) -m benchmarks.run
 	$(PY) -m benchmarks.model_bench
 	$(PY) -m benchmarks.preprocess_bench
+	$(PY) -m benchmarks.engine_bench
 
 soak: $(MODELS)     ## 10 minutes at ~70% of capacity: memory per replica, errors, dashboard panels
 	$(PY) -m benchmarks.soak --start --minutes 10 --shadow-fraction 0.05

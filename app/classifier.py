@@ -144,7 +144,8 @@ class Classifier:
         if old is not None:
             old.engine.close()  # batches already running on it finish: they hold their own reference
         self._warmed_to = 0
-        self._profile = ProfilingTwin(self.variant, self.model_path, opts, opened.plan.candidates[0])
+        chosen = next(c for c in opened.plan.candidates if c.engine == opened.engine.name)
+        self._profile = ProfilingTwin(self.variant, self.model_path, opts, chosen)
         self._report_provider()
         logger.info(
             "Classifier_%s loaded %s on %s (%s), %d threads x %d parallel batches",

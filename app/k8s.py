@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from app.config import parse_serve_env
+from app.models import ModelFiles
 
 TEMPLATE = Path("k8s/templates/rayservice.yaml.in")
 RAYSERVICE = Path("k8s/rayservice.yaml")
@@ -132,13 +133,23 @@ def render_rayservice(
 
 
 def cpu_serve_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The production config for a cluster without GPUs: Classifiers on CPU, nothing else changed."""
+    """The production config for a cluster without GPUs: Classifiers on CPU, nothing else changed.
+
+    An INT8 variant serving the TensorRT artifact (symmetric S8S8) gets the CPU artifact (U8S8) from
+    the same directory instead: ONNX Runtime's fused S8S8 kernels overflow on CPUs without VNNI.
+    """
     cfg = copy.deepcopy(config)
+    trt_name, cpu_name = ModelFiles(Path(".")).int8_trt.name, ModelFiles(Path(".")).int8.name
     for app in cfg.get("applications", []):
         args = app.setdefault("args", {})
         args["device"] = "cpu"
         args["require_gpu"] = False
         args.pop("gpu_mem_limit_bytes", None)
+        for variant in (args.get("variants") or {}).values():
+            path = Path(variant.get("model_path", ""))
+            if path.name == trt_name:
+                variant["model_path"] = str(path.with_name(cpu_name))
+                variant["description"] = "INT8 QDQ (U8S8, for CPUs), static PTQ"
         for dep in app.get("deployments", []):
             options = dep.get("ray_actor_options") or {}
             if options.get("num_gpus"):

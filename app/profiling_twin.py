@@ -31,10 +31,12 @@ class ProfilingTwin:
         self.runner: OrtEngine | None = None
         self.left = 0
         self.last: dict[str, Any] | None = None
+        self.refused: str | None = None
 
     def start(self, batches: int, directory: str, replica_id: str) -> None:
         if self.choice is None or self.choice.engine == "openvino":
-            logger.warning("Classifier_%s: profile_batches needs an ONNX Runtime engine; not profiling", self.variant)
+            self.refused = "profile_batches needs an ONNX Runtime engine; this replica serves on OpenVINO"
+            logger.warning("Classifier_%s: %s", self.variant, self.refused)
             return
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
@@ -72,4 +74,5 @@ class ProfilingTwin:
 
     def state(self) -> dict[str, Any]:
         with self.lock:
-            return {"active": self.runner is not None, "batches_left": self.left, "last": self.last}
+            state = {"active": self.runner is not None, "batches_left": self.left, "last": self.last}
+            return {**state, "refused": self.refused} if self.refused else state

@@ -5,7 +5,7 @@
     python -m benchmarks.model_bench --device cuda       # fails unless CUDA really runs the model
 
 Each variant runs in a fresh process (so one model's allocations do not blur the other's memory figure)
-through app.runtime.ModelRunner, the serving code path. Per batch size: warm-up runs (dropped), then
+through app.runtime.onnxruntime_engine (ONNX Runtime, CUDA or CPU EP). Per batch size: warm-up runs (dropped), then
 timed runs for a time budget; p50/p99 of `session.run` wall time (on CUDA that includes the host<->device
 copies a server pays too); throughput = batch / median. Peak memory is the rise of the process's peak RSS
 (VmHWM, reset before the model loads) over its RSS just before loading; on CUDA the device memory the
@@ -68,7 +68,7 @@ def bench_variant(
     max_runs: int,
 ) -> dict[str, Any]:
     """Load one model and time it at every batch size. Meant to run in a fresh process."""
-    from app.runtime import ModelRunner
+    from app.runtime import onnxruntime_engine
     from benchmarks.device import gpu_memory_mib, gpu_used_mib, proc_status_kib, reset_peak_rss, runtime_options
 
     inputs = _inputs(batch_sizes, 224)
@@ -77,7 +77,7 @@ def bench_variant(
     rss_before = proc_status_kib("VmRSS") or 0
     peak_reset = reset_peak_rss()
     t0 = time.perf_counter()
-    runner = ModelRunner(path, opts)
+    runner = onnxruntime_engine(path, opts)
     load_s = time.perf_counter() - t0
     if runner.spec.height != 224:  # the corpus was prepared for 224; a custom model gets its own size
         inputs = _inputs(batch_sizes, runner.spec.height)

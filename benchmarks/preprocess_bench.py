@@ -22,7 +22,7 @@ import numpy as np
 from app.models import default_files
 from app.models.samples import EVAL_PHOTOS, sample_bytes
 from app.preprocess import preprocess
-from app.runtime import ModelRunner, RuntimeOptions
+from app.runtime import cpu_engine
 from benchmarks.environment import describe_environment, format_environment, host_name, stamp
 
 REPEATS = 30
@@ -50,7 +50,7 @@ def median_ms(data: bytes, reduced: bool) -> float:
 def main() -> int:
     env = describe_environment()
     print(format_environment(env))
-    runner = ModelRunner(default_files().fp32, RuntimeOptions(threads=1, prefer_gpu=False))
+    runner = cpu_engine(default_files().fp32)
 
     def top2(pixels: np.ndarray) -> tuple[int, float]:
         """Top-1 class and its margin over the runner-up (softmax probabilities)."""

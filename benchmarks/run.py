@@ -34,6 +34,7 @@ import httpx
 import yaml
 
 from app.config import private_serve_env, read_serve_env
+from app.models.samples import available_photos, sample_bytes
 from benchmarks.corpus import SIZES, build_corpus
 from benchmarks.corpus import describe as describe_corpus
 from benchmarks.environment import RESULTS_DIR, format_environment, host_name, print_environment, stamp
@@ -116,6 +117,20 @@ TARGETS: list[dict[str, Any]] = [
         "batch_pairs": 3,
     },
     {
+        "key": "app_ortcpu",
+        "name": "app, engine forced to ORT's CPU EP",
+        # configs/local.yaml with every variant's engine set to cpu: the same app without OpenVINO, so
+        # "engine auto" (OpenVINO or the CPU EP, whichever measured faster at warm-up) is judged against it.
+        "start": ["serve", "run", "{ortcpu_config}"],
+        "url": "http://127.0.0.1:8000/v1/classify",
+        "ready": "http://127.0.0.1:8000/readyz",
+        "ready_timeout_s": 240,
+        "workloads": ["batch"],
+        "env": {"RAY_ADDRESS": "local"},
+        "fail_patterns": list(SERVE_FAILURES),
+        "batch_pairs": 3,
+    },
+    {
         "key": "nobatch",
         "name": "app, batching off",
         # configs/local.yaml with the Router's coalescing and the Classifiers' batching switched off
@@ -177,13 +192,18 @@ def resolve_command(cmd: list[str], device: str) -> list[str]:
     return out
 
 
+def _local_config() -> dict[str, Any]:
+    """configs/local.yaml with absolute model paths (the variants written from it live outside the repository)."""
+    cfg = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
+    for v in cfg["applications"][0]["args"]["variants"].values():
+        v["model_path"] = str(REPO / v["model_path"])
+    return cfg
+
+
 def write_nobatch_config(directory: Path) -> Path:
     """configs/local.yaml with every kind of batching off: one request per Preprocessor and Classifier call."""
-    cfg = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
-    app = cfg["applications"][0]
-    for name in ("int8", "fp32"):  # absolute paths: the file is not in the repository
-        app["args"]["variants"][name]["model_path"] = str(REPO / app["args"]["variants"][name]["model_path"])
-    for d in app["deployments"]:
+    cfg = _local_config()
+    for d in cfg["applications"][0]["deployments"]:
         if d["name"] == "Router":
             d["user_config"]["coalesce_max"] = 1
         if d["name"].startswith("Classifier_"):
@@ -191,6 +211,39 @@ def write_nobatch_config(directory: Path) -> Path:
     path = directory / "local-nobatch.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+def write_ortcpu_config(directory: Path) -> Path:
+    """configs/local.yaml with every variant on ONNX Runtime's CPU EP (engine: cpu), nothing else changed."""
+    cfg = _local_config()
+    for v in cfg["applications"][0]["args"]["variants"].values():
+        v["engine"] = "cpu"
+    path = directory / "local-ortcpu.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+CONFIG_WRITERS = {"{nobatch_config}": write_nobatch_config, "{ortcpu_config}": write_ortcpu_config}
+
+
+def engines_and_answers(classify_url: str) -> dict[str, Any]:
+    """Each variant's engine and start-up figures (GET /v1/models) and its top-1 on the sample photographs."""
+    base = classify_url.rsplit("/v1/", 1)[0]
+    with httpx.Client(timeout=30) as client:
+        models = client.get(base + "/v1/models").json()["variants"]
+        out: dict[str, Any] = {}
+        for variant, info in models.items():
+            top1 = {}
+            for photo in available_photos():
+                r = client.post(
+                    classify_url,
+                    content=sample_bytes(photo),
+                    headers={"Content-Type": "image/jpeg", "X-Model-Variant": variant},
+                )
+                top1[photo] = r.json()["predictions"][0]["class_id"] if r.status_code == 200 else r.status_code
+            keep = ("engine", "measured", "engine_candidates", "speed_gate")
+            out[variant] = {**{k: info.get(k) for k in keep if k in info}, "top1": top1}
+    return out
 
 
 def probe_for(url: str) -> Any:
@@ -252,8 +305,9 @@ def check_alone(server: ServerProcess, url: str) -> None:
 def run_target(target: dict[str, Any], plan: dict[str, Any], log_dir: Path, progress: bool) -> dict[str, Any]:
     out: dict[str, Any] = {k: target.get(k) for k in ("key", "name", "url", "ready")}
     cmd = list(target["start"])
-    if "{nobatch_config}" in cmd:
-        cmd[cmd.index("{nobatch_config}")] = str(write_nobatch_config(log_dir))
+    for placeholder, writer in CONFIG_WRITERS.items():
+        if placeholder in cmd:
+            cmd[cmd.index(placeholder)] = str(writer(log_dir))
     cmd = resolve_command(cmd, plan["device"])
     out["start"] = cmd
     require_loopback(target["url"])
@@ -278,6 +332,8 @@ def run_target(target: dict[str, Any], plan: dict[str, Any], log_dir: Path, prog
         out["ready_s"] = server.wait_ready(ready, target.get("ready_timeout_s", 120), probe_for(target["url"]))
         print(f"  ready after {out['ready_s']:.1f} s", file=sys.stderr, flush=True)
         check_alone(server, target["url"])
+        if target["key"].startswith("app"):
+            out["engines"] = engines_and_answers(target["url"])
         out["steps"] = asyncio.run(drive(target, plan, progress))
         check_alone(server, target["url"])
     except ServerStartError as e:
@@ -341,7 +397,7 @@ def pair_ratios(steps: list[dict[str, Any]], num: str, den: str) -> list[float]:
     return out
 
 
-TARGET_HEADERS = ["target (issue 4)", "measured", "ratio", "goal", "met"]
+TARGET_HEADERS = ["target", "measured", "ratio", "goal", "met"]
 
 
 def target_rows(result: dict[str, Any]) -> list[list[Any]]:
@@ -409,6 +465,7 @@ def target_rows(result: dict[str, Any]) -> list[list[Any]]:
             ">= 1.6x" if judged else "(reported)",
             None if r is None or not judged else r >= 1.6,
         )
+    rows.extend(engine_rows(result))
     a, b = _at(app_sweep, 32), _at(_steps(result, "nobatch", "c32"), 32)
     r = _ratio(a, b)
     row(
@@ -423,6 +480,34 @@ def target_rows(result: dict[str, Any]) -> list[list[Any]]:
         errors = sum(sum(st["errors"].values()) for st in app.get("steps", []))
         top = max((st.get("concurrency") or 0 for st in app.get("steps", [])), default=0)
         row(f"errors, app, every step (up to c={top})", str(errors), None, "0", errors == 0)
+    return rows
+
+
+def engine_rows(result: dict[str, Any]) -> list[list[Any]]:
+    """engine auto against the same app forced to ORT's CPU EP: 16-image FP32 img/s, and the same answers."""
+    fp32 = {
+        key: [st["images_per_s"] for st in _steps(result, key, "batch") if st["variant"] == "fp32"]
+        for key in ("app", "app_ortcpu")
+    }
+    a, b = (statistics.median(v) if v else None for v in (fp32["app"], fp32["app_ortcpu"]))
+    r = _ratio(a, b)
+    app, forced = _target(result, "app"), _target(result, "app_ortcpu")
+    engines = (app or {}).get("engines", {})
+    chosen = engines.get("fp32", {}).get("engine", "n/a")
+    rows = [
+        [
+            f"16 images/request, c=8, FP32 img/s: engine auto ({chosen}) / forced ORT CPU EP",
+            f"{fmt(a)} / {fmt(b)}",
+            None if r is None else f"{r:.2f}x",
+            ">= 1.3x" if chosen == "openvino" else "(auto chose the CPU EP: no gain to judge)",
+            None if r is None or chosen != "openvino" else r >= 1.3,
+        ]
+    ]
+    if app and forced:
+        same = all(
+            engines.get(v, {}).get("top1") == forced.get("engines", {}).get(v, {}).get("top1") for v in ("fp32", "int8")
+        )
+        rows.append(["same top-1 on the sample photographs, auto / forced CPU EP", str(same), None, "True", same])
     return rows
 
 

@@ -94,7 +94,7 @@ def use_serve_env(port: int) -> dict[str, str]:
     return env
 
 
-def driver_handle(deployment_name: str) -> Any:
+def driver_handle(deployment_name: str, app_name: str | None = None) -> Any:
     """A handle usable from the (synchronous) test process.
 
     RAY_SERVE_THROUGHPUT_OPTIMIZED runs a handle's router on the caller's event loop, which a plain
@@ -102,7 +102,7 @@ def driver_handle(deployment_name: str) -> Any:
     """
     from ray import serve
 
-    handle = serve.get_deployment_handle(deployment_name, app_name=APP_NAME)  # cached: the same handle again
+    handle = serve.get_deployment_handle(deployment_name, app_name=app_name or APP_NAME)  # cached: the same again
     if not handle.is_initialized:
         handle._init(_run_router_in_separate_loop=True)
     return handle

@@ -372,3 +372,40 @@ def test_tiny_load_run_records_statuses_and_the_variant_split(fastapi_baseline: 
         )
     )
     assert (batch["ok"], batch["median_batch_size"], batch["images_per_request"]) == (2, 4, 4)
+
+
+def test_the_ortcpu_config_forces_every_variant_onto_the_cpu_ep_and_nothing_else(tmp_path: Path) -> None:
+    import yaml
+
+    from app.config import validate_serve_config
+    from benchmarks.run import write_ortcpu_config
+    from tests.conftest import load_config
+
+    cfg = yaml.safe_load(write_ortcpu_config(tmp_path).read_text())
+    args = validate_serve_config(cfg)
+    assert {v.engine for v in args.variants.values()} == {"cpu"}
+    base = load_config("local.yaml")
+    assert cfg["applications"][0]["deployments"] == base["applications"][0]["deployments"]
+
+
+def test_engine_auto_is_judged_against_the_forced_cpu_ep_only_when_it_chose_openvino() -> None:
+    from benchmarks.run import TARGET_HEADERS, engine_rows
+
+    answers = {"fp32": {"top1": {"chelsea": 285}}, "int8": {"top1": {"chelsea": 285}}}
+    auto = {"fp32": {**answers["fp32"], "engine": "openvino"}, "int8": answers["int8"]}
+    batch = [_step("batch", 8, 14.0, "fp32", pair=0), _step("batch", 8, 16.0, "fp32", pair=1)]
+    forced = [_step("batch", 8, 10.0, "fp32", pair=0), _step("batch", 8, 10.0, "fp32", pair=1)]
+    result = {
+        "targets": [
+            {"key": "app", "steps": batch, "engines": auto},
+            {"key": "app_ortcpu", "steps": forced, "engines": answers},
+        ]
+    }
+    rows = [dict(zip(TARGET_HEADERS, r, strict=True)) for r in engine_rows(result)]
+    assert (rows[0]["ratio"], rows[0]["met"]) == (f"{15 * 16 / (10 * 16):.2f}x", True)
+    assert rows[1]["met"] is True
+    result["targets"][1]["engines"] = {"fp32": {"top1": {"chelsea": 281}}, "int8": answers["int8"]}
+    auto["fp32"]["engine"] = "cpu"
+    rows = [dict(zip(TARGET_HEADERS, r, strict=True)) for r in engine_rows(result)]
+    assert rows[0]["met"] is None and "chose the CPU EP" in rows[0]["goal"]
+    assert rows[1]["met"] is False

@@ -50,6 +50,7 @@ def prod_for_test(model_files: ModelFiles) -> dict[str, Any]:
     args["labels_path"] = str(model_files.labels)
     args["device"] = "auto"  # CUDA when a GPU was granted; this machine has no CUDA, so ORT falls back
     args["require_gpu"] = False
+    args.pop("speed_gate")  # measuring FP32 beside INT8 at start costs this 2-core test a CPU-minute
     for d in app["deployments"]:
         auto = d["autoscaling_config"]
         auto["min_replicas"] = 2 if d["name"] == "Preprocessor" else 1
@@ -106,9 +107,11 @@ def test_classifiers_land_on_the_gpu_node_and_cpu_work_does_not(cluster: dict[st
 def test_a_granted_gpu_that_onnx_runtime_cannot_use_is_reported_as_cpu_fallback(cluster: dict[str, Any]) -> None:
     models = httpx.get(URL + "/v1/models", timeout=10).json()["variants"]
     for v in models.values():
-        assert v["requested_providers"] == ["CUDAExecutionProvider", "CPUExecutionProvider"]
-        assert v["execution_provider"] == "CPUExecutionProvider"
-        assert v["fell_back_to_cpu"] is True and v["on_gpu"] is False
+        # ONNX Runtime lists the TensorRT and CUDA providers (built into the wheel), but their libraries do
+        # not load here: the plan says so and serves on a CPU engine rather than failing at the first batch.
+        assert v["gpu_granted"] is True and v["on_gpu"] is False
+        assert v["fell_back_to_cpu"] is True and "no GPU execution provider is usable" in v["plan_note"]
+        assert v["engine"] in ("openvino", "cpu")
 
 
 def test_prod_config_serves_end_to_end(cluster: dict[str, Any]) -> None:

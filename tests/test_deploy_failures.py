@@ -16,7 +16,7 @@ import pytest
 from ray import serve
 
 from app.models import ModelFiles
-from tests.conftest import ServeDeployer, local_config, wait_until
+from tests.conftest import ServeDeployer, driver_handle, local_config, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -120,3 +120,52 @@ def test_batch_larger_than_max_ongoing_fails_at_deploy(deploy_beside: Any, model
 def test_require_gpu_on_a_cpu_only_replica_fails_saying_so(deploy_beside: Any, model_files: ModelFiles) -> None:
     message = deploy_beside(one_variant_app(model_files, args={"device": "cuda", "require_gpu": True}))
     assert "require_gpu" in message and "CPUExecutionProvider" in message
+
+
+def two_variant_app(model_files: ModelFiles, gate: dict[str, Any]) -> dict[str, Any]:
+    """INT8 and FP32 on the CPU EP at /broken, with a speed gate against FP32."""
+    app = one_variant_app(model_files, args={"speed_gate": gate})
+    app["args"]["variants"] = {
+        "fp32": {"model_path": str(model_files.fp32), "engine": "cpu"},
+        "int8": {"model_path": str(model_files.int8), "engine": "cpu", "precision": "int8"},
+    }
+    router = next(d for d in app["deployments"] if d["name"] == "Router")
+    router["user_config"]["weights"] = {"fp32": 1, "int8": 1}
+    fp32 = next(d for d in app["deployments"] if d["name"] == "Classifier_fp32")
+    app["deployments"].append({**copy.deepcopy(fp32), "name": "Classifier_int8"})
+    return app
+
+
+def test_speed_gate_fail_keeps_a_variant_that_is_not_fast_enough_from_starting(
+    deploy_beside: Any, model_files: ModelFiles
+) -> None:
+    # INT8 is ~2x FP32 here, never 50x: the INT8 replica refuses to start, quoting both figures.
+    message = deploy_beside(two_variant_app(model_files, {"baseline": "fp32", "min_speedup": 50, "action": "fail"}))
+    assert "Classifier_int8" in message and "speed gate" in message
+    assert "is below min_speedup 50.0x" in message and "img/s" in message
+
+
+def test_speed_gate_warn_serves_and_flags_the_slow_variant(local_app: ServeDeployer, model_files: ModelFiles) -> None:
+    app = two_variant_app(model_files, {"baseline": "fp32", "min_speedup": 50, "action": "warn"})
+    app["name"], app["route_prefix"] = "gated", "/gated"
+    base = local_config(model_files)
+    local_app.client.deploy_apps(_schema({**base, "applications": [*base["applications"], app]}))
+    try:
+
+        def running() -> bool:
+            st = serve.status().applications.get("gated")
+            assert st is None or st.status != "DEPLOY_FAILED", st.message
+            return st is not None and st.status == "RUNNING"
+
+        wait_until(running, 180, 0.5, "gated app running")
+        # The Router serves at the root only, so the gated app's Classifiers are asked directly.
+        int8 = driver_handle("Classifier_int8", "gated").describe.remote().result(timeout_s=30)
+        fp32 = driver_handle("Classifier_fp32", "gated").describe.remote().result(timeout_s=30)
+        gate = int8["speed_gate"]
+        assert gate["passed"] is False and gate["action"] == "warn" and gate["min_speedup"] == 50
+        assert 0 < gate["speedup"] < 50 and gate["baseline_img_per_s"] > 0
+        assert int8["engine"] == "cpu" and "speed_gate" not in fp32
+        assert driver_handle("Classifier_int8", "gated").ready.remote().result(timeout_s=30) is True  # still serves
+    finally:
+        local_app.client.deploy_apps(_schema(base))
+        wait_until(lambda: "gated" not in serve.status().applications, 60, what="gated app removed")

@@ -1108,3 +1108,13 @@ def test_the_ldd_check_agrees_with_ldd_on_the_installed_providers(tmp_path: Path
         assert any(lib in proc.stderr for lib in unresolved), proc.stderr
     else:
         assert proc.returncode == 0, proc.stderr
+
+
+def test_the_cpu_overlay_serves_the_cpu_int8_artifact_not_the_tensorrt_one() -> None:
+    from app.k8s import cpu_serve_config
+
+    prod = yaml.safe_load(Path("configs/prod.yaml").read_text())
+    assert prod["applications"][0]["args"]["variants"]["int8"]["model_path"].endswith("-int8-trt.onnx")
+    cpu = cpu_serve_config(prod)["applications"][0]["args"]["variants"]
+    assert cpu["int8"]["model_path"] == "/home/ray/models/efficientnet_lite0-int8.onnx"
+    assert cpu["fp32"] == prod["applications"][0]["args"]["variants"]["fp32"]

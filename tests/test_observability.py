@@ -93,10 +93,19 @@ def test_metrics_reach_prometheus_with_labels_and_counts(local_app: ServeDeploye
     assert total(samples, "ray_app_input_bytes_count") >= 7
     assert total(samples, "ray_app_input_pixels_count") >= 6
     providers = [lab for n, lab, v in samples if n == "ray_app_execution_provider" and v == 1]
+    models = httpx.get(local_app.url + "/v1/models", timeout=10).json()["variants"]
     assert {(p["variant"], p["provider"]) for p in providers} >= {
-        ("fp32", "CPUExecutionProvider"),
-        ("int8", "CPUExecutionProvider"),
+        (v, models[v]["execution_provider"]) for v in ("fp32", "int8")
     }
+    # Each replica's own start-up measurement, per batch size, on the engine it chose.
+    measured = {
+        (lab["variant"], lab["engine"], lab["batch"])
+        for n, lab, _ in samples
+        if n == "ray_app_engine_images_per_second"
+    }
+    assert measured >= {(v, models[v]["engine"], b) for v in ("fp32", "int8") for b in ("1", "16")}
+    gate = [v for n, lab, v in samples if n == "ray_app_speed_gate_speedup" and lab["variant"] == "int8"]
+    assert gate == [models["int8"]["speed_gate"]["speedup"]]
     # Serve's own tags are on every sample
     assert all("deployment" in lab for n, lab, _ in samples if n.startswith("ray_app_"))
 
@@ -165,6 +174,7 @@ def test_profiling_writes_a_trace_for_exactly_n_batches(
     local_app: ServeDeployer, model_files: ModelFiles, tmp_path: Path
 ) -> None:
     cfg = local_config(model_files)
+    cfg["applications"][0]["args"]["variants"]["fp32"]["engine"] = "cpu"  # ONNX Runtime's profiler, not OpenVINO's
     deployment(cfg, "Classifier_fp32")["user_config"].update(profile_batches=3, profile_dir=str(tmp_path))
     local_app.deploy(cfg)
     try:

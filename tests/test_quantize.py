@@ -26,7 +26,7 @@ from app.models.report import (
 )
 from app.models.samples import EVAL_PHOTOS, augmented_samples, available_photos, sample_bytes
 from app.preprocess import preprocess
-from app.runtime import ModelRunner, RuntimeOptions
+from app.runtime import OrtEngine, RuntimeOptions, cpu_engine
 
 LIGHT = RuntimeOptions(threads=1, prefer_gpu=False)
 
@@ -50,8 +50,8 @@ def trt_graph(trt_model) -> onnx.ModelProto:
 
 
 @pytest.fixture(scope="module")
-def runners(model_files) -> dict[str, ModelRunner]:
-    return {"fp32": ModelRunner(model_files.fp32, LIGHT), "int8": ModelRunner(model_files.int8, LIGHT)}
+def runners(model_files) -> dict[str, OrtEngine]:
+    return {"fp32": cpu_engine(model_files.fp32, LIGHT), "int8": cpu_engine(model_files.int8, LIGHT)}
 
 
 def test_int8_graph_has_qdq_nodes(int8_graph):

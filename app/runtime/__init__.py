@@ -10,13 +10,24 @@ spec.py, outputs.py the model's I/O contract; softmax and top-k
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
 from app.runtime.measure import GateResult, SpeedGate, Throughput, judge, measure_alternating
 from app.runtime.ort_engine import OrtEngine, usable_providers
 from app.runtime.outputs import softmax, top_k
-from app.runtime.plan import CPU, CUDA, OPENVINO, TENSORRT, EngineChoice, PlanError, RuntimeOptions, TensorRTOptions
+from app.runtime.plan import (
+    CPU,
+    CUDA,
+    OPENVINO,
+    TENSORRT,
+    EngineChoice,
+    PlanError,
+    RuntimeOptions,
+    TensorRTOptions,
+    plan_engines,
+)
 from app.runtime.profiling import summarize_profile
 from app.runtime.select import Engine, Opened, open_engine
 from app.runtime.spec import ModelLoadError, ModelSpec
@@ -41,6 +52,7 @@ __all__ = [
     "cpu_engine",
     "judge",
     "measure_alternating",
+    "onnxruntime_engine",
     "open_engine",
     "softmax",
     "summarize_profile",
@@ -55,18 +67,19 @@ def threads_for(num_cpus: float) -> int:
     return max(1, math.floor(num_cpus + 1e-9))
 
 
-def cpu_engine(path: str, opts: RuntimeOptions | None = None) -> OrtEngine:
-    """ONNX Runtime's CPU EP on `path`: the reference engine of the offline tools (report, benchmarks)."""
-    from app.runtime.plan import RECORD_ASSIGNMENT, Provider
+def onnxruntime_engine(path: str | os.PathLike[str], opts: RuntimeOptions | None = None) -> OrtEngine:
+    """ONNX Runtime alone, for the offline tools and the benchmark peers: the CUDA EP when `opts.prefer_gpu`
+    and it loads here, else the CPU EP (no TensorRT, no OpenVINO, nothing measured)."""
+    opts = opts or RuntimeOptions(prefer_gpu=False)
+    usable = usable_providers()
+    engine = "cuda" if opts.prefer_gpu and CUDA in usable else "cpu"
+    try:
+        plan = plan_engines("offline", dataclasses.replace(opts, engine=engine), usable, openvino=False)
+    except PlanError as e:
+        raise ModelLoadError(str(e)) from e
+    return OrtEngine(path, opts, plan.candidates[0])
 
-    return OrtEngine(path, opts or RuntimeOptions(), EngineChoice("cpu", (Provider(CPU),), {RECORD_ASSIGNMENT: "1"}))
 
-
-class ModelRunner(OrtEngine):
-    """Transitional: the offline tools' name for `cpu_engine`, removed once they call it directly."""
-
-    def __init__(self, path: str | os.PathLike[str], opts: RuntimeOptions | None = None) -> None:
-        from app.runtime.plan import RECORD_ASSIGNMENT, Provider
-
-        choice = EngineChoice("cpu", (Provider(CPU),), {RECORD_ASSIGNMENT: "1"})
-        super().__init__(path, opts or RuntimeOptions(), choice)
+def cpu_engine(path: str | os.PathLike[str], opts: RuntimeOptions | None = None) -> OrtEngine:
+    """ONNX Runtime's CPU EP on `path`: the reference engine of the offline tools (report, tests)."""
+    return onnxruntime_engine(path, dataclasses.replace(opts or RuntimeOptions(), prefer_gpu=False, require_gpu=False))

@@ -41,19 +41,19 @@ def _round(run: Run, x: np.ndarray, parallel: int, pool: ThreadPoolExecutor | No
 
 
 def measure_alternating(
-    runs: dict[str, Run], x: np.ndarray, parallel: int = 1, rounds: int = 5, min_s: float = 0.2
+    runs: dict[str, Run], x: np.ndarray, parallel: int = 1, rounds: int = 5, min_s: float = 0.2, max_rounds: int = 50
 ) -> dict[str, Throughput]:
     """Each of `runs` timed on `x`, round by round in turn; the median round per name.
 
-    Each name runs at least `rounds` rounds and, per name, at least `min_s` seconds in all, after
-    one untimed round (first-call allocation).
+    Each name runs at least `rounds` rounds and, per name, at least `min_s` seconds in all (at most
+    `max_rounds`), after one untimed round (first-call allocation).
     """
     batch = len(x)
     times: dict[str, list[float]] = {name: [] for name in runs}
     with ThreadPoolExecutor(parallel) if parallel > 1 else contextlib.nullcontext() as pool:
         for run in runs.values():
             _round(run, x, parallel, pool)
-        while any(len(t) < rounds or sum(t) < min_s for t in times.values()):
+        while any(len(t) < rounds or (sum(t) < min_s and len(t) < max_rounds) for t in times.values()):
             for name, run in runs.items():
                 times[name].append(_round(run, x, parallel, pool))
     out = {}

@@ -16,7 +16,7 @@ import numpy as np
 from app.errors import ServiceError
 from app.models import MODEL_NAME, ModelFiles, default_files
 from app.preprocess import preprocess
-from app.runtime import ModelRunner, RuntimeOptions, softmax
+from app.runtime import OrtEngine, RuntimeOptions, onnxruntime_engine, softmax
 from benchmarks import multipart
 
 DEFAULT_VARIANT = "fp32"
@@ -39,8 +39,8 @@ def model_paths(files: ModelFiles | None = None) -> dict[str, str]:
     return {"fp32": str(files.fp32), "int8": str(files.int8)}
 
 
-def load_runners(opts: RuntimeOptions, files: ModelFiles | None = None) -> dict[str, ModelRunner]:
-    return {name: ModelRunner(path, opts) for name, path in model_paths(files).items()}
+def load_runners(opts: RuntimeOptions, files: ModelFiles | None = None) -> dict[str, OrtEngine]:
+    return {name: onnxruntime_engine(path, opts) for name, path in model_paths(files).items()}
 
 
 def load_labels(files: ModelFiles | None = None) -> list[str]:
@@ -116,6 +116,6 @@ def internal_error(e: Exception) -> ServiceError:
     return ServiceError("replica_failed", f"{type(e).__name__}: {e}")
 
 
-def infer(runner: ModelRunner, images: list[np.ndarray]) -> np.ndarray:
+def infer(runner: OrtEngine, images: list[np.ndarray]) -> np.ndarray:
     """Probabilities [n, classes] for preprocessed images."""
     return softmax(runner.logits(np.stack(images)).astype(np.float32))
