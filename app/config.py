@@ -88,11 +88,34 @@ class Limits(_Strict):
     max_batch_files: int = Field(64, gt=0, le=1024, description="images in one /v1/classify/batch request (413)")
     max_top_k: int = Field(20, gt=0, le=1000, description="largest top_k a request may ask for (422)")
     default_top_k: int = Field(5, gt=0, description="top_k when the request gives none")
+    max_decode_bytes: int = Field(
+        512 * 1024 * 1024,
+        gt=0,
+        description="decode budget per image: the memory decoding and converting it may take, estimated from "
+        "the header (pixels x channels x bytes per sample, plus OpenCV's copy and buffers and the uint8 "
+        "conversion) before the decoder runs (413 decode_budget_exceeded beyond). The default 512 MiB fits "
+        "every 8-bit image up to max_pixels' 40 MP in any accepted format (worst: 8-bit RGBA, 320 MB; a GIF, "
+        "360 MB) and a 40 MP 16-bit RGB one (480 MB); a 12 MP JPEG costs ~5 MB (reduced decode), ~40 MB if "
+        "progressive. It refuses a 40 MP 16-bit RGBA (640 MB) or float32 RGBA image (1.3 GB; 2.5 GB before "
+        "the band-wise conversion), which pixels and body size alone let through",
+    )
+    preprocessor_memory_bytes: int = Field(
+        1024 * 1024 * 1024,
+        gt=0,
+        description="ceiling per Preprocessor replica on the decode budgets of the decodes in flight at once "
+        "(nor are there more of them than the replica's whole CPUs, at least one); arrivals wait for room. At least "
+        "max_decode_bytes. The replica's own baseline (Python, Ray, OpenCV) comes on top",
+    )
 
     @model_validator(mode="after")
     def _default_within_max(self) -> Limits:
         if self.default_top_k > self.max_top_k:
             raise ValueError(f"default_top_k ({self.default_top_k}) exceeds max_top_k ({self.max_top_k})")
+        if self.max_decode_bytes > self.preprocessor_memory_bytes:
+            raise ValueError(
+                f"max_decode_bytes ({self.max_decode_bytes}) exceeds preprocessor_memory_bytes "
+                f"({self.preprocessor_memory_bytes}): an image within the budget could never be decoded"
+            )
         return self
 
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import ray
 from ray import serve
 from ray.exceptions import RayActorError, TaskCancelledError
 from ray.serve._private.common import ReplicaState
@@ -37,7 +36,7 @@ from app.errors import ServiceError, find_service_error
 from app.metrics import STAGES, RouterMetrics
 from app.multipart import parse_multipart
 from app.payloads import Pixels, Scores
-from app.preprocess import preprocess, probe_dimensions
+from app.preprocess import probe_dimensions
 from app.routing import Choice, VariantHealth, WeightedSplit, candidates, choose_variant
 from app.runtime import softmax
 from app.serve_internals import replica_id
@@ -85,33 +84,6 @@ def _request_id(request: Request) -> str:
     except Exception:
         rid = ""
     return rid or request.headers.get("x-request-id") or uuid.uuid4().hex
-
-
-# --------------------------------------------------------------------------- Preprocessor
-
-
-@serve.deployment(name="Preprocessor", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=32)
-class Preprocessor:
-    """Decode, colour-convert and resize on CPU; uint8 out (4x fewer bytes than float32)."""
-
-    def __init__(self, max_pixels: int) -> None:
-        self.max_pixels = max_pixels
-
-    def describe(self) -> dict[str, Any]:
-        return {"replica_id": replica_id(), "node_id": ray.get_runtime_context().get_node_id()}
-
-    def many(self, images: list[bytes], size: int) -> Pixels:
-        """The images of one request, or of a group the Router coalesced; a bad one fails only its position."""
-        t0 = time.perf_counter()
-        rows, positions, errors = [], [], {}
-        for i, data in enumerate(images):
-            try:
-                rows.append(preprocess(data, size=size, max_pixels=self.max_pixels))
-                positions.append(i)
-            except ServiceError as e:
-                errors[i] = e
-        array = np.stack(rows) if rows else np.zeros((0, size, size, 3), np.uint8)
-        return Pixels(array, _ms(time.perf_counter() - t0), errors, positions)
 
 
 # --------------------------------------------------------------------------- A/B ledger

@@ -25,8 +25,12 @@ STATUS: dict[str, int] = {
     "payload_too_large": 413,
     "too_many_pixels": 413,
     "too_many_files": 413,
+    # 413: decoding the image would take more memory than the decode budget (Limits.max_decode_bytes)
+    "decode_budget_exceeded": 413,
     # 415: not an image media type
     "unsupported_media_type": 415,
+    # 415: an image format we read, in a variant we do not (e.g. a TIFF OpenCV decodes wrongly)
+    "unsupported_image": 415,
     # 422: well-formed request, bad parameter value
     "invalid_parameter": 422,
     "unknown_variant": 422,

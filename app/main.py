@@ -13,8 +13,9 @@ from ray.serve import Application
 
 from app.classifier import Classifier
 from app.config import AppArgs, classifier_deployment_name
-from app.deployments import ABLedger, Preprocessor, Router
+from app.deployments import ABLedger, Router
 from app.models import ModelFiles
+from app.preprocessor import Preprocessor
 
 logger = logging.getLogger("ray.serve")
 
@@ -79,7 +80,7 @@ def build_app(args: AppArgs) -> Application:
         ).bind(name, args.model_dump())
         for name in args.variants
     }
-    preprocessor = Preprocessor.bind(args.limits.max_pixels)  # type: ignore[attr-defined]
+    preprocessor = Preprocessor.bind(args.limits.model_dump())  # type: ignore[attr-defined]
     return Router.bind(  # type: ignore[attr-defined]
         preprocessor,
         classifiers,

@@ -19,10 +19,12 @@ layer: which part of the service gives the verdict.
                 (payload_too_large), media type (unsupported_media_type), multipart
                 framing (bad_multipart, missing_file, too_many_files).
   "preprocess"  `app.preprocess.preprocess` on the image bytes: empty_body,
-                undecodable_image, too_many_pixels, or 200. The Router's header check
-                (`probe_dimensions`) refuses empty bodies and pixel bombs before a
-                replica decodes anything, with the same code; the verdict does not
-                depend on which of the two says it first.
+                undecodable_image, too_many_pixels, decode_budget_exceeded (413: within
+                the pixel and body limits, but decoding would take more memory than the
+                decode budget), unsupported_image (415: a layout OpenCV misreads), or 200.
+                The Router's header check (`probe_dimensions`) refuses empty bodies and
+                pixel bombs before a replica decodes anything, with the same code; the
+                verdict does not depend on which of the two says it first.
 
 Decisions this corpus pins down:
 - The Content-Type is not trusted for the format. Any image/* or
@@ -177,6 +179,152 @@ def tiff_raw(
     return out + b"\x00\x00\x00\x00" + pixels
 
 
+def zlib_zeros(n: int, chunk: int = 1 << 20) -> bytes:
+    """A zlib stream that inflates to `n` zero bytes, built in milliseconds whatever `n` is.
+
+    Each full-flushed block of `chunk` zeros compresses to the same ~1 KB (a full flush resets
+    the compressor's window), so the stream is the first block, that block repeated, the tail,
+    and the Adler-32 of n zeros ((n mod 65521) << 16 | 1): ~1000:1, like zlib.compress(bytes(n), 9).
+    """
+    k, rem = divmod(n, chunk)
+    if k < 2:
+        return zlib.compress(bytes(n), 9)
+    c = zlib.compressobj(9)
+    first = c.compress(bytes(chunk)) + c.flush(zlib.Z_FULL_FLUSH)
+    block = c.compress(bytes(chunk)) + c.flush(zlib.Z_FULL_FLUSH)
+    tail = c.compress(bytes(rem)) + c.flush()
+    return first + block * (k - 1) + tail[:-4] + struct.pack(">I", ((n % 65521) << 16) | 1)
+
+
+# TIFF field type -> (struct format of one value, how many of `values` make one): BYTE, SHORT, LONG, RATIONAL
+_TIFF_TYPES = {1: ("B", 1), 3: ("H", 1), 4: ("I", 1), 5: ("I", 2)}
+
+
+def tiff_image(
+    width: int,
+    height: int,
+    strips: list[bytes],
+    *,
+    samples: int = 1,
+    bits: int = 8,
+    sample_format: int = 1,
+    planar: int = 1,
+    photometric: int | None = None,
+    compression: int = 1,
+    rows_per_strip: int | None = None,
+    extra_samples: int | None = None,
+    order: str = "<",
+    tags: dict[int, tuple[int, list[int]]] | None = None,
+) -> bytes:
+    """A TIFF (IFD0 only) with any sample layout, from its already-encoded strips.
+
+    `strips` are listed plane by plane when `planar` is 2 (PlanarConfiguration: separate).
+    BitsPerSample and SampleFormat are written once per sample, as real writers do (out of
+    line when they do not fit the 4-byte value field). Identical strips are stored once and
+    shared. `tags` adds or replaces entries: tag -> (TIFF type, values; two per RATIONAL).
+    """
+    if photometric is None:
+        photometric = 2 if samples >= 3 else 1
+    entries: dict[int, tuple[int, list[int]]] = {
+        256: (4, [width]),
+        257: (4, [height]),
+        258: (3, [bits] * samples),
+        259: (3, [compression]),
+        262: (3, [photometric]),
+        273: (4, [0] * len(strips)),  # StripOffsets: filled in below
+        277: (3, [samples]),
+        278: (4, [rows_per_strip or height]),
+        279: (4, [len(s) for s in strips]),
+        284: (3, [planar]),
+        339: (3, [sample_format] * samples),
+    }
+    if extra_samples is not None:
+        entries[338] = (3, [extra_samples])
+    entries.update(tags or {})
+    ifd_size = 2 + 12 * len(entries) + 4
+    pos = 8 + ifd_size
+    out_of_line: dict[int, int] = {}
+    for tag, (typ, values) in sorted(entries.items()):
+        size = struct.calcsize(_TIFF_TYPES[typ][0]) * len(values)
+        if size > 4:
+            out_of_line[tag] = pos
+            pos += size + (size & 1)
+    blobs: dict[bytes, int] = {}
+    for s in strips:
+        if s not in blobs:
+            blobs[s] = pos
+            pos += len(s)
+    entries[273] = (4, [blobs[s] for s in strips])
+    ifd = struct.pack(order + "H", len(entries))
+    extra = b""
+    for tag, (typ, values) in sorted(entries.items()):
+        fmt, per = _TIFF_TYPES[typ]
+        packed = struct.pack(order + fmt * len(values), *values)
+        count = len(values) // per
+        if tag in out_of_line:
+            ifd += struct.pack(order + "HHII", tag, typ, count, out_of_line[tag])
+            extra += packed + b"\x00" * (len(packed) & 1)
+        else:
+            ifd += struct.pack(order + "HHI", tag, typ, count) + packed.ljust(4, b"\x00")
+    magic = b"II*\x00" if order == "<" else b"MM\x00*"
+    return magic + struct.pack(order + "I", 8) + ifd + b"\x00\x00\x00\x00" + extra + b"".join(blobs)
+
+
+def tiff_float32_rgba_bomb(side: int = 6324) -> bytes:
+    """The finding: a float32 RGBA TIFF of side x side zeros in one deflate strip (6324: 40 MP, ~0.6 MB).
+
+    Under the pixel and body limits; OpenCV decodes it into 640 MB plus a 640 MB strip buffer.
+    """
+    return tiff_image(
+        side,
+        side,
+        [zlib_zeros(side * side * 16)],
+        samples=4,
+        bits=32,
+        sample_format=3,
+        compression=8,
+        extra_samples=2,
+    )
+
+
+def png_16bit_rgba_bomb(width: int = 8000, height: int = 5000) -> bytes:
+    """The finding: a 16-bit RGBA PNG of zeros (8000x5000: 40 MP, ~0.3 MB), 320 MB once decoded."""
+    return png_raw(width, height, zlib_zeros(height * (1 + width * 8)), color_type=6, bit_depth=16)
+
+
+def tiff_from_array(
+    img: np.ndarray, *, planar: int = 1, rows_per_strip: int | None = None, compression: int = 1
+) -> bytes:
+    """`img` (H x W or H x W x C in RGB(A) order; any of uint8/16/32, int8/16/32, float32/64) as a TIFF.
+
+    planar 1: samples interleaved (RGBRGB...); planar 2: stored one colour plane at a time.
+    compression 1: none, 8: deflate.
+    """
+    img = img if img.ndim == 3 else img[..., None]
+    height, width, samples = img.shape
+    rps = rows_per_strip or height
+    little = img.astype(img.dtype.newbyteorder("<"), copy=False)
+    planes = [little[..., c] for c in range(samples)] if planar == 2 else [little]
+    strips = []
+    for plane in planes:
+        for y in range(0, height, rps):
+            raw = np.ascontiguousarray(plane[y : y + rps]).tobytes()
+            strips.append(zlib.compress(raw) if compression == 8 else raw)
+    kind = img.dtype.kind
+    return tiff_image(
+        width,
+        height,
+        strips,
+        samples=samples,
+        bits=img.dtype.itemsize * 8,
+        sample_format=3 if kind == "f" else 2 if kind == "i" else 1,
+        planar=planar,
+        compression=compression,
+        rows_per_strip=rps,
+        extra_samples=2 if samples in (2, 4) else None,
+    )
+
+
 def exif_blob(orientation: int) -> bytes:
     exif = Image.Exif()
     exif[0x0112] = orientation
@@ -276,6 +424,9 @@ def _valid_images() -> tuple[tuple[str, bytes, str], ...]:
         ("webp_alpha", pil_encode(Image.fromarray(rgba[..., [2, 1, 0, 3]]), "WEBP", quality=80), "image/webp"),
         ("tiff_deflate", pil_encode(rgb, "TIFF", compression="tiff_deflate"), "image/tiff"),
         ("tiff_16bit_gray", cv_encode(".tiff", base[..., 0].astype(np.uint16) * 257), "image/tiff"),
+        ("tiff_16bit_rgb_interleaved", tiff_from_array(base[..., ::-1].astype(np.uint16) * 257), "image/tiff"),
+        ("tiff_8bit_rgb_planar", tiff_from_array(np.ascontiguousarray(base[..., ::-1]), planar=2), "image/tiff"),
+        ("tiff_8bit_rgba_unassociated", tiff_from_array(rgba[..., [2, 1, 0, 3]], compression=8), "image/tiff"),
         ("gif_static", pil_encode(rgb.quantize(64), "GIF"), "image/gif"),
         (
             "gif_animated",
@@ -418,6 +569,29 @@ def _cases() -> tuple[HostileCase, ...]:
             "image/tiff",
             "too_many_pixels",
             "a 16x16 image whose single 15008x15008 tile OpenCV would allocate (~0.9 GB)",
+        ),
+        # -- memory bombs inside the pixel and body limits: refused by the decode budget, from the header
+        _bad(
+            "tiff_float32_rgba_bomb_6324x6324",
+            tiff_float32_rgba_bomb(),
+            "image/tiff",
+            "decode_budget_exceeded",
+            "40 MP of float32 RGBA zeros in ~0.6 MB: 1.28 GB to decode (2.5 GB with the old float conversion)",
+        ),
+        _bad(
+            "png_16bit_rgba_bomb_8000x5000",
+            png_16bit_rgba_bomb(),
+            "image/png",
+            "decode_budget_exceeded",
+            "40 MP of 16-bit RGBA zeros in ~0.3 MB: 640 MB to decode",
+        ),
+        # -- layouts OpenCV decodes wrongly (from uninitialised memory): refused from the header
+        _bad(
+            "tiff_16bit_rgb_planar",
+            tiff_from_array(base[..., ::-1].astype(np.uint16) * 257, planar=2),
+            "image/tiff",
+            "unsupported_image",
+            "PlanarConfiguration 2 with 16-bit samples: OpenCV's answer changed from one decode to the next",
         ),
         # -- the HTTP layer: size and media type, before the bytes are looked at
         _router(

@@ -10,12 +10,15 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from app.config import Limits
 from app.errors import STATUS, ImageInputError
-from app.preprocess import DEFAULT_MAX_PIXELS, preprocess
+from app.preprocess import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, cv2, preprocess
 from tests.hostile import DEFAULT_MAX_BODY_BYTES, HostileCase, hostile_cases
 
 CASES = hostile_cases()
 IMAGE_CASES = [c for c in CASES if c.layer == "preprocess"]
+# Verdicts given from the header alone: the decoder never runs for these.
+HEADER_VERDICTS = ("too_many_pixels", "decode_budget_exceeded", "unsupported_image")
 
 
 def test_corpus_shape() -> None:
@@ -45,21 +48,35 @@ def test_corpus_covers_the_brief() -> None:
         "unsupported_media_type",
         "missing_file",
         "bad_multipart",
+        "decode_budget_exceeded",
+        "unsupported_image",
     ):
         assert codes[code] >= 1, code
+    names = {c.name for c in CASES}
+    for name in ("tiff_float32_rgba_bomb_6324x6324", "png_16bit_rgba_bomb_8000x5000", "tiff_16bit_rgb_planar"):
+        assert name in names, name
     assert codes[""] >= 20  # odd-but-valid images
     assert sum(c.expected_code == "too_many_pixels" and c.layer == "preprocess" for c in CASES) >= 8
     too_big = [c for c in CASES if c.name == "body_11_mib"]
     assert too_big and len(too_big[0].body) > DEFAULT_MAX_BODY_BYTES
 
 
+def _no_decoding(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the decoder must not run")
+
+
 @pytest.mark.parametrize("case", IMAGE_CASES, ids=[c.name for c in IMAGE_CASES])
-def test_image_case_through_preprocess(case: HostileCase) -> None:
+def test_image_case_through_preprocess(case: HostileCase, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the service's default limits (the corpus's statuses assume them)."""
+    assert Limits().max_decode_bytes == DEFAULT_MAX_DECODE_BYTES and Limits().max_pixels == DEFAULT_MAX_PIXELS
     start = time.perf_counter()
     if case.expected_status == 200:
         out = preprocess(case.body, max_pixels=DEFAULT_MAX_PIXELS)
         assert out.dtype == np.uint8 and out.shape == (224, 224, 3)
         return
+    if case.expected_code in HEADER_VERDICTS:
+        monkeypatch.setattr(cv2, "imdecode", _no_decoding)
+        monkeypatch.setattr(cv2, "imdecodeWithMetadata", _no_decoding)
     with pytest.raises(ImageInputError) as info:
         preprocess(case.body, max_pixels=DEFAULT_MAX_PIXELS)
     assert info.value.code == case.expected_code, info.value.message

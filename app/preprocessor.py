@@ -1,0 +1,102 @@
+"""The Preprocessor deployment: decode, colour-convert and resize on CPU replicas.
+
+Decoding is bounded per replica, whatever arrives: each image's decode cost is estimated from its
+header (`estimate_decode_bytes`) and the decode runs on the replica's own threads under a
+reservation of that cost (`DecodeBudget`): at most as many at once as the replica has CPUs (at
+least one), their costs summing to at most `Limits.preprocessor_memory_bytes`. Requests beyond
+that wait in the event loop, holding no memory but their bytes. An image over the per-image budget
+(`Limits.max_decode_bytes`) is refused from its header (413) without waiting.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import ray
+from ray import serve
+
+from app.config import Limits
+from app.decode_budget import DecodeBudget, slots_for
+from app.errors import ServiceError
+from app.payloads import Pixels
+from app.preprocess import check_header, preprocess
+from app.serve_internals import replica_id
+
+
+def _assigned_cpus() -> float:
+    """The CPUs Ray granted this replica (fractional), or 1 outside Ray (asking there would start Ray)."""
+    if not ray.is_initialized():
+        return 1.0
+    try:
+        return float(ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0))
+    except Exception:  # not in a worker
+        return 1.0
+
+
+@serve.deployment(name="Preprocessor", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=32)
+class Preprocessor:
+    """Decode, colour-convert and resize on CPU; uint8 out (4x fewer bytes than float32)."""
+
+    def __init__(self, limits: dict[str, Any] | int) -> None:
+        """`limits`: `Limits.model_dump()`, or (the old signature) max_pixels alone with the other limits' defaults."""
+        parsed = Limits.model_validate({"max_pixels": limits} if isinstance(limits, int) else limits)
+        self.max_pixels = parsed.max_pixels
+        self.max_decode_bytes = parsed.max_decode_bytes
+        self.slots = slots_for(_assigned_cpus())
+        self.budget = DecodeBudget(parsed.preprocessor_memory_bytes, self.slots)
+        self.executor = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="decode")
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "replica_id": replica_id(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "decode_slots": self.slots,
+            "decode_memory_bytes": self.budget.max_bytes,
+            "decode_bytes_in_flight": self.budget.in_flight_bytes,
+            "decodes_waiting": self.budget.waiting,
+        }
+
+    async def many(self, images: list[bytes], size: int, deadline_s: float | None = None) -> Pixels:
+        """The images of one request, or of a group the Router coalesced; a bad one fails only its position.
+
+        `deadline_s`: when the caller stops waiting, as wall-clock time (`time.time()`, seconds since
+        the epoch; the Router's perf_counter deadlines mean nothing in another process). An image not
+        started by then is not started: the call fails with inference_timeout (503). An image already
+        decoding finishes (its thread cannot be stopped) and keeps its reservation until it does.
+        Cancelled (Serve cancels the call when the client goes), it stops before the next image.
+        """
+        t0 = time.perf_counter()
+        rows, positions, errors = [], [], {}
+        for i, data in enumerate(images):
+            timeout = None if deadline_s is None else deadline_s - time.time()
+            if timeout is not None and timeout <= 0:
+                raise ServiceError("inference_timeout", f"the deadline passed before image {i} was decoded")
+            try:
+                rows.append(await self._one(data, size, timeout))
+                positions.append(i)
+            except ServiceError as e:
+                errors[i] = e
+            except TimeoutError:
+                raise ServiceError(
+                    "inference_timeout", f"the deadline passed while image {i} waited for a decode slot"
+                ) from None
+        array = np.stack(rows) if rows else np.zeros((0, size, size, 3), np.uint8)
+        return Pixels(array, round((time.perf_counter() - t0) * 1000.0, 3), errors, positions)
+
+    async def _one(self, data: bytes, size: int, timeout: float | None) -> np.ndarray:
+        """One image: the header checks here (a refusal waits for nothing), then the decode under its cost."""
+        _, cost = check_header(data, self.max_pixels, size, self.max_decode_bytes)
+        return await self.budget.run(
+            cost,
+            preprocess,
+            data,
+            size,
+            self.max_pixels,
+            True,
+            self.max_decode_bytes,
+            timeout=timeout,
+            executor=self.executor,
+        )
