@@ -20,7 +20,7 @@ from app.errors import ServiceError
 from app.metrics import ClassifierMetrics
 from app.payloads import Pixels, Scores
 from app.profiling_twin import ProfilingTwin
-from app.runtime import CUDA, TENSORRT, ModelLoadError, Opened, SpeedGate, open_engine, softmax, threads_for, top_k
+from app.runtime import CUDA, TENSORRT, ModelLoadError, Opened, open_engine, softmax, threads_for, top_k
 from app.runtime.startup import StartupReport, run_speed_gate, start_report
 from app.serve_internals import max_ongoing_requests, replica_id
 
@@ -102,27 +102,13 @@ class Classifier:
 
     def _checked(self, cfg: ClassifierConfig) -> ClassifierConfig:
         """At deploy a bad value fails the replica, naming the field; live it is logged (and clamped)."""
-        problems = []
-        max_ongoing = max_ongoing_requests()
-        if max_ongoing is not None:
-            try:
-                cfg.check_against(max_ongoing)
-            except ValueError as e:
-                # Live, Serve runs reconfigure before it updates max_ongoing_requests in the replica's
-                # context, so a deploy raising both would be judged against the old value here.
-                problems.append(str(e))
-        profile_max = self.args.tensorrt.max_batch_size
-        if self.args.may_use_tensorrt(self.variant) and cfg.max_batch_size > profile_max:
-            problems.append(
-                f"user_config.max_batch_size ({cfg.max_batch_size}) exceeds args.tensorrt.max_batch_size "
-                f"({profile_max}), the TensorRT profile's largest batch"
-            )
-            if self.cfg is not None:
-                cfg = cfg.model_copy(update={"max_batch_size": profile_max})
+        problems = self.args.batching_problems(self.variant, cfg, max_ongoing_requests())
         if problems and self.cfg is None:
             raise ValueError(f"Classifier_{self.variant}: {'; '.join(problems)}")
         for problem in problems:
             logger.warning("Classifier_%s: %s (live change; `python -m app.config` checks it)", self.variant, problem)
+        if self.args.may_use_tensorrt(self.variant):
+            cfg = cfg.model_copy(update={"max_batch_size": min(cfg.max_batch_size, self.args.tensorrt.max_batch_size)})
         return cfg
 
     def _needs_reopen(self, cfg: ClassifierConfig) -> bool:
@@ -186,24 +172,15 @@ class Classifier:
     def _measure(self, cfg: ClassifierConfig) -> None:
         """This replica's own throughput, and the speed gate's verdict against the baseline variant."""
         assert self.opened is not None
-        report = start_report(self.opened, cfg.max_batch_size, cfg.max_concurrent_batches)
-        for batch, t in report.measured.items():
-            tags = {"variant": self.variant, "engine": report.engine, "batch": batch.removeprefix("batch_")}
-            self.metrics.measured.set(t.img_per_s, tags=tags)
-        gate_args = self.args.speed_gate
-        if gate_args is not None and gate_args.baseline != self.variant:
-            gate = SpeedGate(gate_args.baseline, gate_args.min_speedup, gate_args.action)
-            baseline = self.args.variants[gate.baseline]
-            opts = self.args.runtime_options(gate.baseline, self.gpu, self.threads, cfg.max_concurrent_batches)
-            path = str(self.args.resolved_path(baseline.model_path))
-            report.gate = run_speed_gate(
-                self.variant, self.engine, gate, path, opts, cfg.max_batch_size, cfg.max_concurrent_batches
-            )
-            tags = {"variant": self.variant, "baseline": gate.baseline}
-            self.metrics.speed_gate.set(1 if report.gate.passed else 0, tags=tags)
-            self.metrics.speedup.set(report.gate.speedup, tags=tags)
-            if not report.gate.passed and gate.action == "fail":
-                raise RuntimeError(f"Classifier_{self.variant}: {report.gate.message()} (speed_gate.action: fail)")
+        streams = cfg.max_concurrent_batches
+        report = start_report(self.opened, cfg.max_batch_size, streams)
+        gate = self.args.speed_gate_for(self.variant, self.gpu, self.threads, streams, self.engine.name)
+        if gate is not None:
+            spec, path, opts = gate
+            report.gate = run_speed_gate(self.variant, self.engine, spec, path, opts, cfg.max_batch_size, streams)
+        self.metrics.record_start(self.variant, report)
+        if report.gate is not None and not report.gate.passed and report.gate.action == "fail":
+            raise RuntimeError(f"Classifier_{self.variant}: {report.gate.message()} (speed_gate.action: fail)")
         self.report = report
 
     # -- requests ---------------------------------------------------------------------
@@ -316,11 +293,4 @@ class Classifier:
             self._report_provider()  # re-set with every health check so the series never goes stale
 
     def _report_provider(self) -> None:
-        self.metrics.provider.set(
-            1,
-            tags={
-                "variant": self.variant,
-                "provider": self.engine.active_provider,
-                "requested": ",".join(self.engine.requested_providers),
-            },
-        )
+        self.metrics.record_provider(self.variant, self.engine.active_provider, self.engine.requested_providers)

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from app.models import MODEL_NAME, default_files
 
 if TYPE_CHECKING:
+    from app.runtime.measure import SpeedGate
     from app.runtime.plan import RuntimeOptions
 
 
@@ -199,6 +200,45 @@ class AppArgs(_Strict):
             ),
         )
 
+    def speed_gate_for(
+        self, variant: str, gpu: bool, threads: int, streams: int, chosen_engine: str
+    ) -> tuple[SpeedGate, str, RuntimeOptions] | None:
+        """The gate `variant` must pass, the baseline's model file and how to run it; None if not gated.
+
+        The baseline runs on the engine family `variant` chose on this node (its own `engine` where that
+        is not auto), so the comparison is of the models, and the start pays for one measurement only.
+        """
+        from dataclasses import replace
+
+        from app.runtime.measure import SpeedGate
+
+        gate = self.speed_gate
+        if gate is None or gate.baseline == variant:
+            return None
+        opts = self.runtime_options(gate.baseline, gpu, threads, streams)
+        if opts.engine == "auto":
+            opts = replace(opts, engine=chosen_engine)
+        path = str(self.resolved_path(self.variants[gate.baseline].model_path))
+        return SpeedGate(gate.baseline, gate.min_speedup, gate.action), path, opts
+
+    def batching_problems(self, variant: str, cfg: ClassifierConfig, max_ongoing: int | None) -> list[str]:
+        """What is wrong with `variant`'s batching: batches that cannot fill, or exceed the TensorRT profile."""
+        problems = []
+        if max_ongoing is not None:
+            try:
+                cfg.check_against(max_ongoing)
+            except ValueError as e:
+                # Live, Serve runs reconfigure before it updates max_ongoing_requests in the replica's
+                # context, so a deploy raising both would be judged against the old value there.
+                problems.append(str(e))
+        profile_max = self.tensorrt.max_batch_size
+        if self.may_use_tensorrt(variant) and cfg.max_batch_size > profile_max:
+            problems.append(
+                f"user_config.max_batch_size ({cfg.max_batch_size}) exceeds args.tensorrt.max_batch_size "
+                f"({profile_max}), the TensorRT profile's largest batch"
+            )
+        return problems
+
     def is_default_model(self, path: Path) -> bool:
         files = default_files(path.parent)
         return path in (files.fp32, files.int8, files.int8_trt)
@@ -291,17 +331,10 @@ def validate_serve_config(cfg: dict, app_index: int = 0) -> AppArgs:
         name = classifier_deployment_name(variant)
         c = field(name, ClassifierConfig)
         assert isinstance(c, ClassifierConfig)
-        if args.may_use_tensorrt(variant) and c.max_batch_size > args.tensorrt.max_batch_size:
-            raise ValueError(
-                f"deployments[{name}].user_config.max_batch_size ({c.max_batch_size}) exceeds "
-                f"args.tensorrt.max_batch_size ({args.tensorrt.max_batch_size}), the TensorRT profile's largest batch"
-            )
         max_ongoing = deployments.get(name, {}).get("max_ongoing_requests")
-        if max_ongoing is not None:
-            try:
-                c.check_against(int(max_ongoing))
-            except ValueError as e:
-                raise ValueError(f"deployments[{name}]: {e}") from e
+        problems = args.batching_problems(variant, c, None if max_ongoing is None else int(max_ongoing))
+        if problems:
+            raise ValueError(f"deployments[{name}]: {'; '.join(problems)}")
     return args
 
 

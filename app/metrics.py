@@ -15,7 +15,12 @@ boundaries are chosen for this workload and written down here:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ray.serve.metrics import Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from app.runtime.startup import StartupReport
 
 LATENCY_MS = [1.0, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000, 10000]
 BATCH_SIZES = [1.0, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -86,3 +91,16 @@ class ClassifierMetrics:
             "This variant's img/s divided by the baseline's, measured on this node at warm-up",
             tag_keys=("variant", "baseline"),
         )
+
+    def record_start(self, variant: str, report: StartupReport) -> None:
+        """The replica's start-up measurement and, if gated, the speed gate's verdict."""
+        for batch, t in report.measured.items():
+            tags = {"variant": variant, "engine": report.engine, "batch": batch.removeprefix("batch_")}
+            self.measured.set(t.img_per_s, tags=tags)
+        if report.gate is not None:
+            tags = {"variant": variant, "baseline": report.gate.baseline}
+            self.speed_gate.set(1 if report.gate.passed else 0, tags=tags)
+            self.speedup.set(report.gate.speedup, tags=tags)
+
+    def record_provider(self, variant: str, provider: str, requested: list[str]) -> None:
+        self.provider.set(1, tags={"variant": variant, "provider": provider, "requested": ",".join(requested)})

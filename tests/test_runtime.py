@@ -243,11 +243,11 @@ def test_speed_gate_judges_both_ways() -> None:
     assert not bad.passed and "below min_speedup 2.5x" in bad.message() and "200.0 img/s" in bad.message()
 
 
-def test_speed_gate_on_real_engines_int8_beats_fp32_on_this_cpu(model_files) -> None:  # type: ignore[no-untyped-def]
-    """INT8 vs FP32 on the same engine rules, measured here: passes at 1.0x, fails at 50x."""
+def test_speed_gate_on_real_engines_judges_the_measured_ratio(model_files) -> None:  # type: ignore[no-untyped-def]
+    """INT8 vs FP32 on the CPU EP, measured here: within 10x of each other, so 0.1x passes and 50x fails."""
     mine = open_engine("int8", str(model_files.int8), RuntimeOptions(prefer_gpu=False, engine="cpu")).engine
     base_opts = RuntimeOptions(prefer_gpu=False, engine="cpu")
-    for min_speedup, passed in ((1.0, True), (50.0, False)):
+    for min_speedup, passed in ((0.1, True), (50.0, False)):
         gate = SpeedGate("fp32", min_speedup, "warn")
         result = run_speed_gate("int8", mine, gate, str(model_files.fp32), base_opts, batch=4, parallel=1)
         assert result.passed is passed and result.baseline_img_per_s > 0

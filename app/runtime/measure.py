@@ -41,7 +41,7 @@ def _round(run: Run, x: np.ndarray, parallel: int, pool: ThreadPoolExecutor | No
 
 
 def measure_alternating(
-    runs: dict[str, Run], x: np.ndarray, parallel: int = 1, rounds: int = 5, min_s: float = 0.2, max_rounds: int = 50
+    runs: dict[str, Run], x: np.ndarray, parallel: int = 1, rounds: int = 3, min_s: float = 0.1, max_rounds: int = 50
 ) -> dict[str, Throughput]:
     """Each of `runs` timed on `x`, round by round in turn; the median round per name.
 

@@ -162,6 +162,11 @@ class Opened:
     candidates: dict[str, Throughput] = field(default_factory=dict)  # measured, when the plan had several
 
 
+# Candidates are compared at a batch no larger than this: per-image cost on a CPU is nearly flat in the batch
+# size, and every second spent here delays the replica's start.
+CHOICE_BATCH = 8
+
+
 def open_engine(variant: str, path: str, opts: RuntimeOptions, measure_batch: int = 16) -> Opened:
     """The engine `variant` runs on here: planned, built, checked, and (for several candidates) measured."""
     try:
@@ -185,7 +190,7 @@ def open_engine(variant: str, path: str, opts: RuntimeOptions, measure_batch: in
         check_int8_placement(variant, opts, engine)
     if len(engines) == 1:
         return Opened(engines[0], plan)
-    x = engines[0].dummy_batch(measure_batch)
+    x = engines[0].dummy_batch(min(measure_batch, CHOICE_BATCH))
     measured = measure_alternating({e.name: e.logits for e in engines}, x, parallel=max(1, opts.streams))
     best = max(engines, key=lambda e: measured[e.name].img_per_s)
     for engine in engines:
@@ -194,7 +199,7 @@ def open_engine(variant: str, path: str, opts: RuntimeOptions, measure_batch: in
     logger.info(
         "Classifier_%s: %s",
         variant,
-        ", ".join(f"{n} {t.img_per_s} img/s" for n, t in measured.items()) + f" at batch {measure_batch}: {best.name}",
+        ", ".join(f"{n} {t.img_per_s} img/s" for n, t in measured.items()) + f" at batch {len(x)}: {best.name}",
     )
     return Opened(best, plan, measured)
 
