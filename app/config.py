@@ -100,6 +100,27 @@ class Limits(_Strict):
         "progressive. It refuses a 40 MP 16-bit RGBA (640 MB) or float32 RGBA image (1.3 GB; 2.5 GB before "
         "the band-wise conversion), which pixels and body size alone let through",
     )
+    max_json_bytes: int = Field(
+        4 * 1024 * 1024,
+        gt=0,
+        description="a V2 request's JSON (the whole body, or the header before binary tensor data), after "
+        "decompression (413 beyond). JSON tensors are an inefficient encoding: one 224x224x3 UINT8 image is "
+        "150,528 numbers, ~0.52-0.55 MB of tritonclient JSON (~3.6x its binary size) and ~28 ms of CPU to parse, "
+        "so max_batch_files (64) such images would be ~35 MB, past max_body_bytes even before this limit. 4 MiB "
+        "takes ~7 JSON images, or ~3 MB of base64 image files; send batches as binary tensor data "
+        "(tritonclient's default), which this limit does not touch",
+    )
+    max_inflate_ratio: float = Field(
+        32.0,
+        gt=1,
+        description="a compressed (gzip/deflate) body may inflate to at most this many times its size, unless it "
+        "inflates to 1 MiB or less (413 beyond). tritonclient-compressed requests of real photographs inflate "
+        "1.0-1.9x (binary tensors, encoded files), up to 2x (base64 JSON) and 4.8x (JSON pixels); only "
+        "near-uniform images go further (a blank 224x224 image: 500-800x)",
+    )
+    max_url_bytes: int = Field(
+        8192, gt=0, description="the request target, path and query (414 beyond, when the request reaches the Router)"
+    )
     preprocessor_memory_bytes: int = Field(
         1024 * 1024 * 1024,
         gt=0,
@@ -112,6 +133,11 @@ class Limits(_Strict):
     def _default_within_max(self) -> Limits:
         if self.default_top_k > self.max_top_k:
             raise ValueError(f"default_top_k ({self.default_top_k}) exceeds max_top_k ({self.max_top_k})")
+        if self.max_json_bytes > self.max_body_bytes:
+            raise ValueError(
+                f"max_json_bytes ({self.max_json_bytes}) exceeds max_body_bytes ({self.max_body_bytes}): JSON, the "
+                "costlier encoding, may not be allowed more than binary"
+            )
         if self.max_decode_bytes > self.preprocessor_memory_bytes:
             raise ValueError(
                 f"max_decode_bytes ({self.max_decode_bytes}) exceeds preprocessor_memory_bytes "
@@ -252,7 +278,12 @@ class RouterConfig(_Strict):
     override_header: str = Field("X-Model-Variant", description="header that names a variant explicitly")
     allow_override: bool = Field(True, description="honour the override header (403 when false)")
     failover: bool = Field(True, description="serve from another variant when the chosen one is down")
-    inference_timeout_s: float = Field(10.0, gt=0, description="deadline per request, from arrival (503 beyond)")
+    inference_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="deadline per request, from when its body has arrived (503 beyond); the body has its own, "
+        "body_timeout_s",
+    )
     shadow_fraction: float = Field(0.0, ge=0, le=1, description="share of requests also run on the other variant")
     max_shadow_in_flight: int = Field(8, ge=0, description="shadow runs in flight per Router; beyond, dropped")
     coalesce_max: int = Field(
@@ -262,7 +293,42 @@ class RouterConfig(_Strict):
         2, gt=0, le=64, description="groups per variant in flight at once; arrivals meanwhile form the next group"
     )
     max_in_flight: int = Field(
-        192, gt=0, description="requests in flight per Router replica; beyond, an immediate JSON 503 (load shedding)"
+        192,
+        gt=0,
+        description="requests in flight per Router replica, counted once their body has arrived; beyond, an "
+        "immediate JSON 503 (load shedding)",
+    )
+    body_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=60,
+        description="the whole body must arrive within this, from when the Router starts reading it (408 "
+        "body_timeout beyond): a total, not an inactivity timeout, so one byte a second does not reset it. "
+        "10 MiB in 5 s needs 2 MB/s",
+    )
+    slow_body_after_s: float = Field(
+        0.5,
+        ge=0,
+        description="a body still arriving after this is slow and needs one of max_slow_bodies slots; bodies "
+        "that arrive sooner (every client that sends its body right after its headers) need none",
+    )
+    max_slow_bodies: int = Field(
+        32,
+        gt=0,
+        description="slow bodies arriving at once per Router replica, apart from max_in_flight; a body that "
+        "becomes slow with all taken gets 408 body_timeout at once. Requests whose bodies are arriving still "
+        "count toward the Router's max_ongoing_requests (Serve's own cap): keep max_in_flight + this below it",
+    )
+    admin_token_env: str | None = Field(
+        "APP_ADMIN_TOKEN",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="the environment variable holding the admin token that POST /v1/ab/reset needs as "
+        "`Authorization: Bearer <token>` (the token itself never goes in a config)",
+    )
+    allow_unauthenticated_admin: bool = Field(
+        False,
+        description="with no admin token in the environment, let anyone call the admin endpoints (local use "
+        "only); false: they answer 403. A configured token is required either way",
     )
 
     @field_validator("weights")
@@ -399,7 +465,8 @@ def private_serve_env(port: int, env: dict[str, str] | None = None) -> dict[str,
     session beside `make serve`, or a Ray cluster left running) binds the same ports and the kernel
     splits one instance's traffic between both: half the requests answered by the other app. Each
     instance therefore gets its own ranges, derived from its port (HTTP port+20000 .. +20, gRPC
-    port+21000 .. +50; instances whose ports are 50 or more apart never overlap), and, when the
+    port+21000 .. +50; instances whose ports are 50 or more apart never overlap), its own fallback
+    proxy ports (port+93, +94), and, when the
     environment turns HAProxy on, its own HAProxy files and ports (`private_haproxy_env`).
     """
     out = read_serve_env() if env is None else dict(env)
@@ -409,6 +476,10 @@ def private_serve_env(port: int, env: dict[str, str] | None = None) -> dict[str,
             "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + 20020),
             "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(port + 21000),
             "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(port + 21050),
+            # With HAProxy, Serve keeps a fallback proxy (127.0.0.1:8500 / 9500 by default, SO_REUSEPORT) for
+            # when no Router is up: shared, it let another instance answer this one's requests while starting.
+            "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(port + 93),
+            "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(port + 94),
         }
     )
     if out.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":

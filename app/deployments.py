@@ -17,6 +17,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,17 +27,20 @@ from ray.exceptions import RayActorError, TaskCancelledError
 from ray.serve._private.common import ReplicaState
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, RequestCancelledError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from app import v2
 from app.abstats import ABStats, compare_top
+from app.body import INLINE_INFLATE_BYTES, BodyGate, check_encoding, content_length, inflate
 from app.config import AppArgs, RouterConfig
 from app.errors import ServiceError, find_service_error
+from app.guards import admin_token, check_admin, check_url, deadline_message, parse_top_k, wall_deadline
 from app.metrics import STAGES, RouterMetrics
 from app.multipart import parse_multipart
+from app.parse_pool import ParsePool, parse_request
 from app.payloads import Pixels, Scores
-from app.preprocess import probe_dimensions
+from app.preprocess import check_header
 from app.routing import Choice, VariantHealth, WeightedSplit, candidates, choose_variant
 from app.runtime import softmax
 from app.serve_internals import replica_id
@@ -44,6 +48,9 @@ from app.serve_internals import replica_id
 logger = logging.getLogger("ray.serve")
 
 IMAGE_TYPES_EXTRA = {"application/octet-stream"}
+MULTIPART = "multipart/form-data"
+# Endpoints that change state: they need the admin token (guards.check_admin).
+ADMIN_ROUTES = frozenset({("POST", "/v1/ab/reset")})
 
 
 class _VariantFailed(RuntimeError):
@@ -120,18 +127,6 @@ def error_response(err: ServiceError) -> Response:
     return _json(err.body(), err.status, err.headers())
 
 
-def parse_top_k(raw: str | None, limits_default: int, limits_max: int) -> int:
-    if raw is None or raw == "":
-        return limits_default
-    try:
-        k = int(raw)
-    except ValueError:
-        raise ServiceError("invalid_parameter", f"top_k must be an integer, got {raw[:32]!r}") from None
-    if not 1 <= k <= limits_max:
-        raise ServiceError("invalid_parameter", f"top_k must be between 1 and {limits_max}, got {k}")
-    return k
-
-
 def _media_type(content_type: str | None) -> str:
     return (content_type or "").split(";")[0].strip().lower()
 
@@ -190,6 +185,10 @@ class Router:
         self._pending: dict[tuple[str, bool], list[_Pending]] = collections.defaultdict(list)
         self._groups: dict[tuple[str, bool], int] = collections.defaultdict(int)
         self._failures: dict[str, asyncio.Event] = collections.defaultdict(asyncio.Event)
+        self.bodies = BodyGate()  # bodies still arriving: before admission, with their own deadline
+        self.parsers = ParsePool()  # large V2 JSON is parsed in a child process (CPython's json holds the GIL)
+        self.inflater = ThreadPoolExecutor(max_workers=2, thread_name_prefix="inflate")  # zlib releases the GIL
+        self._admin_token: str | None = None
         self.routes: dict[tuple[str, str], Callable[[Request], Awaitable[Response]]] = {
             ("POST", "/v1/classify"): self.classify,
             ("POST", "/v1/classify/batch"): self.classify_batch,
@@ -207,18 +206,31 @@ class Router:
             raise ValueError(f"user_config.weights names unknown variants {unknown}; deployed: {self.variants}")
         self.split = WeightedSplit(cfg.weights)
         self.cfg = cfg
+        self._admin_token = admin_token(cfg.admin_token_env)
+        if self._admin_token:
+            admin = f"token from ${cfg.admin_token_env}"
+            if len(self._admin_token) < 16:
+                logger.warning("the admin token in $%s is under 16 characters: guessable", cfg.admin_token_env)
+        else:
+            admin = "open to anyone (allow_unauthenticated_admin)" if cfg.allow_unauthenticated_admin else "disabled"
         logger.info(
-            "Router A/B weights %s (sticky %s, override %s, shadow %.2f)",
+            "Router A/B weights %s (sticky %s, override %s, shadow %.2f); admin endpoints: %s",
             self.split.fractions,
             cfg.sticky_header,
             "allowed" if cfg.allow_override else "refused",
             cfg.shadow_fraction,
+            admin,
         )
 
     # -- HTTP dispatch ---------------------------------------------------------------
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path.rstrip("/") or "/"
+        try:
+            raw_path = request.scope.get("raw_path") or request.url.path.encode()
+            check_url(raw_path, request.scope.get("query_string") or b"", self.limits.max_url_bytes)
+        except ServiceError as e:
+            return self._v2_error(e) if path.startswith("/v2") else self._error("other", e)
         if path.startswith("/v2"):
             return await self._v2(request, path)
         handler = self.routes.get((request.method, path))
@@ -227,6 +239,11 @@ class Router:
                 return self._error("other", ServiceError("method_not_allowed", f"{request.method} not allowed here"))
             return self._error("other", ServiceError("not_found", f"no route {request.url.path}"))
         try:
+            if (request.method, path) in ADMIN_ROUTES:
+                assert self.cfg is not None
+                check_admin(
+                    request.headers.get("authorization"), self._admin_token, self.cfg.allow_unauthenticated_admin
+                )
             return await handler(request)
         except ServiceError as e:
             return self._error(path, e)
@@ -282,6 +299,12 @@ class Router:
                 "limits": self.limits.model_dump(),
                 "router_replica_id": self.replica_id,
                 "cancelled_requests": self._cancelled,
+                "bodies": {
+                    "slow_now": self.bodies.slow,
+                    "timed_out": self.bodies.timed_out,
+                    "refused_slow": self.bodies.refused_slow,
+                },
+                "json_parsers": {"started": self.parsers.started, "parsed": self.parsers.parsed},
             }
         )
 
@@ -380,18 +403,27 @@ class Router:
 
     async def classify(self, request: Request) -> Response:
         t0 = time.perf_counter()
+        top_k = parse_top_k(request.query_params.get("top_k"), self.limits.default_top_k, self.limits.max_top_k)
+        media = _media_type(request.headers.get("content-type"))
+        if media != MULTIPART and not _is_image_type(media):
+            raise ServiceError(
+                "unsupported_media_type",
+                f"Content-Type {media or '(none)'!r} is not an image; send image/* or multipart/form-data",
+            )
+        raw = await self._receive(request)  # admission counts the request only once its body is here
         async with self._admitted():
-            return await self._classify(request, t0)
+            return await self._classify(request, raw, media == MULTIPART, top_k, t0)
 
-    async def _classify(self, request: Request, t0: float) -> Response:
+    async def _classify(self, request: Request, raw: bytes, multipart: bool, top_k: int, t0: float) -> Response:
         endpoint = "/v1/classify"
         request_id = _request_id(request)
-        top_k = parse_top_k(request.query_params.get("top_k"), self.limits.default_top_k, self.limits.max_top_k)
-        data = await self._read_single_image(request)
-        receive_ms = _ms(time.perf_counter() - t0)
+        data = self._multipart_images(request, raw, 1)[0] if multipart else raw
+        received = time.perf_counter()  # the request's deadline runs from here
+        receive_ms = _ms(received - t0)
         choice = self._choose(request)
+        self._check_image_header(data, self._known_size(choice.variant))
         try:
-            scores, row, failed_over, waited_ms = await self._coalesced(choice, data, top_k, t0)
+            scores, row, failed_over, waited_ms = await self._coalesced(choice, data, top_k, received)
         except ServiceError as e:
             variant = getattr(e, "variant", choice.variant)
             if e.status >= 500:
@@ -467,25 +499,45 @@ class Router:
 
     async def classify_batch(self, request: Request) -> Response:
         t0 = time.perf_counter()
+        top_k = parse_top_k(request.query_params.get("top_k"), self.limits.default_top_k, self.limits.max_top_k)
+        if _media_type(request.headers.get("content-type")) != MULTIPART:
+            raise ServiceError("unsupported_media_type", "send multipart/form-data with one or more `file` parts")
+        raw = await self._receive(request)
         async with self._admitted():
-            return await self._classify_batch(request, t0)
+            return await self._classify_batch(request, raw, top_k, t0)
 
-    async def _classify_batch(self, request: Request, t0: float) -> Response:
+    async def _classify_batch(self, request: Request, raw: bytes, top_k: int, t0: float) -> Response:
         endpoint = "/v1/classify/batch"
         request_id = _request_id(request)
-        top_k = parse_top_k(request.query_params.get("top_k"), self.limits.default_top_k, self.limits.max_top_k)
-        images = await self._read_multipart_images(request, self.limits.max_batch_files)
-        receive_ms = _ms(time.perf_counter() - t0)
-        try:
-            scores, reason, failed_over, _ = await self._infer(request, "many", images, top_k, t0)
-        except ServiceError as e:
-            return self._error(endpoint, e, getattr(e, "variant", "none"))
+        images = self._multipart_images(request, raw, self.limits.max_batch_files)
+        received = time.perf_counter()
+        receive_ms = _ms(received - t0)
+        choice = self._choose(request)
+        # Every image's header is checked here, as on /v1/classify; a refused one fails only its own entry.
+        size = self._known_size(choice.variant)
+        errors: dict[int, ServiceError] = {}
+        for i, data in enumerate(images):
+            try:
+                self._check_image_header(data, size)
+            except ServiceError as e:
+                errors[i] = e
+        sent = [i for i in range(len(images)) if i not in errors]
+        reason, failed_over = choice.reason, False
+        scores = Scores([], 0.0, 0.0, 0.0, 0, choice.variant, "", {}, [])  # when no image is left to send
+        if sent:
+            try:
+                scores, reason, failed_over, _ = await self._infer_choice(
+                    choice, "many", [images[i] for i in sent], top_k, received
+                )
+            except ServiceError as e:
+                return self._error(endpoint, e, getattr(e, "variant", "none"))
+            errors.update({sent[i]: err for i, err in scores.errors.items()})
         results: list[dict[str, Any]] = [{} for _ in images]
-        for i, err in scores.errors.items():
+        for i, err in sorted(errors.items()):
             results[i] = {**err.body(), "status": err.status}
             self.metrics.errors.inc(tags={"endpoint": endpoint, "code": err.code})
         for row, pos in enumerate(scores.positions):
-            results[pos] = self._result_body(scores, row, f"{request_id}-{pos}", reason, failed_over, top_k)
+            results[sent[pos]] = self._result_body(scores, row, f"{request_id}-{sent[pos]}", reason, failed_over, top_k)
         timings = {
             "receive": receive_ms,
             "preprocess": scores.preprocess_ms,
@@ -543,14 +595,17 @@ class Router:
             handler, params = matched
             return await getattr(self, f"_v2_{handler}")(request, params)
         except ServiceError as e:
-            status, body = v2.v2_error(e)
-            self.metrics.requests.inc(tags={"endpoint": "/v2", "variant": "none", "status": str(status)})
-            self.metrics.errors.inc(tags={"endpoint": "/v2", "code": e.code})
-            return _json(body, status, e.headers())
+            return self._v2_error(e)
         except Exception as e:
             logger.exception("unhandled error on %s %s", request.method, path)
             status, body = v2.v2_error(ServiceError("internal_error", f"internal error ({type(e).__name__})"))
             return _json(body, status)
+
+    def _v2_error(self, e: ServiceError) -> Response:
+        status, body = v2.v2_error(e)
+        self.metrics.requests.inc(tags={"endpoint": "/v2", "variant": "none", "status": str(status)})
+        self.metrics.errors.inc(tags={"endpoint": "/v2", "code": e.code})
+        return _json(body, status, e.headers())
 
     async def _v2_server_metadata(self, request: Request, params: dict[str, str]) -> Response:
         from app import __version__
@@ -587,26 +642,39 @@ class Router:
 
     async def _v2_infer(self, request: Request, params: dict[str, str]) -> Response:
         t0 = time.perf_counter()
-        async with self._admitted():
-            pinned = self._v2_variant(params)
-            choice = self._choose(request, pinned)
-            body = v2.decompress_body(
-                await self._read_body(request), request.headers.get("content-encoding"), self.limits.max_body_bytes
+        pinned = self._v2_variant(params)
+        # Everything the headers can refuse is refused before the body is read.
+        header_length = v2.parse_header_length(request.headers.get(v2.HEADER_LENGTH))
+        encoding = request.headers.get("content-encoding")
+        compressed = check_encoding(encoding)
+        json_limit, body_limit = self.limits.max_json_bytes, self.limits.max_body_bytes
+        if header_length is not None and header_length > json_limit:
+            raise ServiceError(
+                "payload_too_large", f"{v2.HEADER_LENGTH} is {header_length}; the JSON limit is {json_limit} bytes"
             )
-            header_length = v2.parse_header_length(request.headers.get(v2.HEADER_LENGTH))
+        raw = await self._receive(request, json_limit if header_length is None and not compressed else body_limit)
+        async with self._admitted():
+            received = time.perf_counter()
+            choice = self._choose(request, pinned)
+            body = await self._inflate(raw, encoding, json_limit if header_length is None else body_limit)
             spec = await self._model_spec(choice.variant)
-            req = v2.parse_infer_request(body, header_length, self.limits, v2.image_hw(spec))
+            assert self.cfg is not None
+            remaining = received + self.cfg.inference_timeout_s - time.perf_counter()
+            req = await parse_request(self.parsers, body, header_length, self.limits, v2.image_hw(spec), remaining)
             full = req.needs_logits or req.needs_probabilities
             payload: Any
             if req.images is not None:
-                for data in req.images:
-                    self._check_image_header(data)
+                size = await self._input_size(choice.variant)
+                for data in req.images:  # the protocol has no per-item errors: the first refusal fails the request
+                    self._check_image_header(data, size)
                 method, payload = "many", req.images
             else:
                 assert req.pixels is not None
                 n = len(req.pixels)
                 method, payload = "pixels", Pixels(np.ascontiguousarray(req.pixels), 0.0, {}, list(range(n)))
-            scores, reason, failed_over, _ = await self._infer(request, method, payload, req.max_k, t0, choice, full)
+            scores, reason, failed_over, _ = await self._infer(
+                request, method, payload, req.max_k, received, choice, full
+            )
         if scores.errors:  # the protocol has no per-item errors: the first bad image fails the request
             raise scores.errors[min(scores.errors)]
         probabilities = softmax(scores.logits) if req.needs_probabilities and scores.logits is not None else None
@@ -633,39 +701,38 @@ class Router:
 
     # -- reading the request -----------------------------------------------------------
 
-    async def _read_body(self, request: Request) -> bytes:
-        limit = self.limits.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise ServiceError("payload_too_large", f"body of {declared} bytes exceeds the {limit}-byte limit")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise ServiceError("payload_too_large", f"body exceeds the {limit}-byte limit")
-            chunks.append(chunk)
-        body = b"".join(chunks)
+    async def _receive(self, request: Request, max_bytes: int | None = None) -> bytes:
+        """The whole body through the body gate (app/body.py), before the request is admitted: 413/408 here."""
+        assert self.cfg is not None
+        cfg = self.cfg
+        try:
+            body = await self.bodies.read(
+                request.stream(),
+                declared=content_length(request.headers.get("content-length")),
+                max_bytes=self.limits.max_body_bytes if max_bytes is None else max_bytes,
+                timeout_s=cfg.body_timeout_s,
+                slow_after_s=cfg.slow_body_after_s,
+                max_slow=cfg.max_slow_bodies,
+            )
+        except ClientDisconnect:
+            self._cancelled += 1
+            self.metrics.cancelled.inc()
+            raise ServiceError("bad_request", "the client closed the connection before its body arrived") from None
         self.metrics.input_bytes.observe(len(body))
         return body
 
-    async def _read_single_image(self, request: Request) -> bytes:
-        media = _media_type(request.headers.get("content-type"))
-        if media == "multipart/form-data":
-            return (await self._read_multipart_images(request, 1))[0]
-        if not _is_image_type(media):
-            raise ServiceError(
-                "unsupported_media_type",
-                f"Content-Type {media or '(none)'!r} is not an image; send image/* or multipart/form-data",
+    async def _inflate(self, raw: bytes, encoding: str | None, max_bytes: int) -> bytes:
+        """Undo the Content-Encoding within the size and ratio limits; a large one on a thread (zlib frees the GIL)."""
+        ratio = self.limits.max_inflate_ratio
+        if check_encoding(encoding) and len(raw) > INLINE_INFLATE_BYTES:
+            return await asyncio.get_running_loop().run_in_executor(
+                self.inflater, inflate, raw, encoding, max_bytes, ratio
             )
-        data = await self._read_body(request)
-        self._check_image_header(data)
-        return data
+        return inflate(raw, encoding, max_bytes, ratio)
 
-    async def _read_multipart_images(self, request: Request, max_files: int) -> list[bytes]:
+    def _multipart_images(self, request: Request, body: bytes, max_files: int) -> list[bytes]:
+        """The `file` parts of a multipart body (<= max_files, each image/* or untyped)."""
         content_type = request.headers.get("content-type", "")
-        if _media_type(content_type) != "multipart/form-data":
-            raise ServiceError("unsupported_media_type", "send multipart/form-data with one or more `file` parts")
-        body = await self._read_body(request)
         parts = [p for p in parse_multipart(body, content_type, max_parts=max_files + 8) if p.name == "file"]
         if not parts:
             raise ServiceError("missing_file", "the multipart body has no part named `file`")
@@ -674,25 +741,18 @@ class Router:
         for p in parts:
             if p.content_type and not _is_image_type(_media_type(p.content_type)):
                 raise ServiceError("unsupported_media_type", f"part Content-Type {p.content_type!r} is not an image")
-        if max_files == 1:
-            self._check_image_header(parts[0].data)
         return [p.data for p in parts]
 
-    def _check_image_header(self, data: bytes) -> None:
-        """Refuse empty bodies and pixel bombs here, before any replica decodes anything."""
-        if not data:
-            raise ServiceError("empty_body", "the request carried no image bytes")
-        info = probe_dimensions(data)
-        if info is None:
-            return  # the Preprocessor gives the precise "undecodable" error
-        pixels = info.width * info.height
-        if pixels:
-            self.metrics.input_pixels.observe(pixels)
-        if pixels > self.limits.max_pixels:
-            raise ServiceError(
-                "too_many_pixels",
-                f"image is {info.width}x{info.height}; the limit is {self.limits.max_pixels} pixels",
-            )
+    def _check_image_header(self, data: bytes, size: int | None) -> None:
+        """Refuse what the header alone condemns, before any replica decodes anything.
+
+        `app.preprocess.check_header`, the Preprocessor's own first step: empty or unrecognised
+        bytes, pixel bombs, decode-budget bombs (Limits.max_decode_bytes), TIFFs OpenCV decodes
+        wrongly. `size`: the model's input size (a JPEG far larger is decoded reduced, which costs
+        less); None while it is not known yet: the estimate is then a full decode's, never lower.
+        """
+        info, _ = check_header(data, self.limits.max_pixels, size, self.limits.max_decode_bytes)
+        self.metrics.input_pixels.observe(info.pixels)
 
     # -- the chain ----------------------------------------------------------------------
 
@@ -705,6 +765,11 @@ class Router:
 
     async def _input_size(self, variant: str) -> int:
         return int((await self._model_spec(variant))["size"][0])
+
+    def _known_size(self, variant: str) -> int | None:
+        """The variant's input size if its spec is known already (no call: the header check must not wait)."""
+        spec = self._specs.get(variant)
+        return int(spec["size"][0]) if spec else None
 
     def _choose(self, request: Request, pinned: str | None = None) -> Choice:
         assert self.cfg is not None and self.split is not None
@@ -838,7 +903,8 @@ class Router:
             scores = handle.remote(payload, max(top_k, SHADOW_TOP_K), full)
             return await self._call(scores, deadline - time.perf_counter(), abort=abort, gone=gone), None
         size = await self._input_size(variant)
-        pixels: DeploymentResponse = getattr(self.preprocessor, method).remote(payload, size)
+        # The Preprocessor gets the deadline as wall-clock time: perf_counter means nothing in another process.
+        pixels: DeploymentResponse = getattr(self.preprocessor, method).remote(payload, size, wall_deadline(deadline))
         # The DeploymentResponse goes straight into the Classifier call: Serve resolves it there.
         scores = handle.remote(pixels, max(top_k, SHADOW_TOP_K), full)
         return await self._call(scores, deadline - time.perf_counter(), pixels, abort=abort, gone=gone), pixels
@@ -880,7 +946,7 @@ class Router:
         except asyncio.TimeoutError:
             for r in (response, *upstream):
                 r.cancel()
-            raise ServiceError("inference_timeout", f"no answer within the {timeout_s:.1f}s deadline") from None
+            raise ServiceError("inference_timeout", deadline_message(timeout_s)) from None
         except BackPressureError as e:
             raise ServiceError("overloaded", f"the service is at capacity ({e.message}); retry shortly") from None
         except _REPLICA_FAILURES:

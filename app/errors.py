@@ -16,17 +16,24 @@ STATUS: dict[str, int] = {
     "bad_request": 400,
     # 400: an Open Inference Protocol (/v2) tensor with the wrong name, datatype, shape or data length
     "invalid_tensor": 400,
+    # 401: an admin endpoint without the right `Authorization: Bearer <admin token>`
+    "unauthorized": 401,
     # 403: a request asked for something the config forbids
     "override_forbidden": 403,
+    "admin_disabled": 403,  # an admin endpoint, and no admin token is configured
     # 404 / 405: no such route or model
     "not_found": 404,
     "method_not_allowed": 405,
+    # 408: the request body did not arrive within RouterConfig.body_timeout_s (or a faster one needed its slot)
+    "body_timeout": 408,
     # 413: too big, by bytes, pixels or count
     "payload_too_large": 413,
     "too_many_pixels": 413,
     "too_many_files": 413,
     # 413: decoding the image would take more memory than the decode budget (Limits.max_decode_bytes)
     "decode_budget_exceeded": 413,
+    # 414: the URL (path and query) is longer than Limits.max_url_bytes
+    "uri_too_long": 414,
     # 415: not an image media type
     "unsupported_media_type": 415,
     # 415: an image format we read, in a variant we do not (e.g. a TIFF OpenCV decodes wrongly)
@@ -69,6 +76,8 @@ class ServiceError(Exception):
         return {"error": {"code": self.code, "message": self.message}}
 
     def headers(self) -> dict[str, str]:
+        if self.status == 401:
+            return {"WWW-Authenticate": 'Bearer realm="admin"'}  # RFC 9110: a 401 names its scheme
         return {"Retry-After": str(RETRY_AFTER_S)} if self.retryable else {}
 
     def __reduce__(self) -> tuple[type[ServiceError], tuple[str, str]]:

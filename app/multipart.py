@@ -1,8 +1,11 @@
 """A strict, bounded multipart/form-data parser for image uploads. Pure; no Ray.
 
-Written for this one job instead of a general form parser: it keeps the body
-as bytes views (no temporary files), refuses malformed framing with a clear
-error, and never reads more parts than the caller allows.
+Written for this one job instead of a general form parser: it works on the
+body in memory (no temporary files), copies each part's data once, looks for a
+part's headers in its first MAX_HEADER_BYTES only, refuses malformed framing
+with a clear error, and never reads more parts than the caller allows. It runs
+on the Router's event loop: bytes.find and the copies hold the GIL (a thread
+would free nothing), and a 10 MiB body of 64 parts takes a few milliseconds.
 """
 
 from __future__ import annotations
@@ -44,19 +47,20 @@ def _disposition(value: str) -> tuple[str | None, str | None]:
     return name, filename
 
 
-def _parse_part(chunk: bytes) -> Part:
-    head, sep, data = chunk.partition(b"\r\n\r\n")
-    if not sep or len(head) > MAX_HEADER_BYTES:
+def _parse_part(body: bytes, start: int, end: int) -> Part:
+    """The part in body[start:end]: its headers, then its data, copied once (the data is most of the body)."""
+    sep = body.find(b"\r\n\r\n", start, min(end, start + MAX_HEADER_BYTES + 4))
+    if sep < 0:
         raise ServiceError("bad_multipart", "a multipart part has no header/body separator")
     name = filename = ctype = None
-    for line in head.decode("latin-1").split("\r\n"):
+    for line in body[start:sep].decode("latin-1").split("\r\n"):
         key, _, value = line.partition(":")
         key = key.strip().lower()
         if key == "content-disposition":
             name, filename = _disposition(value)
         elif key == "content-type":
             ctype = value.strip().lower()
-    return Part(name, filename, ctype, data)
+    return Part(name, filename, ctype, body[sep + 4 : end])
 
 
 def parse_multipart(body: bytes, content_type: str, max_parts: int) -> list[Part]:
@@ -77,5 +81,5 @@ def parse_multipart(body: bytes, content_type: str, max_parts: int) -> list[Part
             raise ServiceError("bad_multipart", "multipart body ends without a closing boundary")
         if len(parts) >= max_parts:
             raise ServiceError("too_many_files", f"more than {max_parts} parts in one multipart request")
-        parts.append(_parse_part(body[pos + 2 : end]))
+        parts.append(_parse_part(body, pos + 2, end))
         pos = end + 2 + len(delimiter)

@@ -56,14 +56,15 @@ import base64
 import binascii
 import json
 import re
+import reprlib
 import struct
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from app.body import inflate
 from app.config import Limits
 from app.errors import STATUS, ServiceError
 from app.models import MODEL_NAME
@@ -225,6 +226,17 @@ def _tensor_error(message: str) -> ServiceError:
     return ServiceError("invalid_tensor", message)
 
 
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 64
+_REPR.maxlist = _REPR.maxdict = 8
+_REPR.maxlevel = 3
+
+
+def _short(value: Any) -> str:
+    """A client's value as it appears in an error message: bounded, however large or deep it is."""
+    return _REPR.repr(value)
+
+
 # --------------------------------------------------------------------------- request
 
 
@@ -293,35 +305,13 @@ def parse_header_length(raw: str | None) -> int | None:
     return int(s)
 
 
-def decompress_body(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
+def decompress_body(body: bytes, content_encoding: str | None, max_bytes: int, max_ratio: float | None = None) -> bytes:
     """Undo a request's Content-Encoding (tritonclient's request_compression_algorithm: gzip or deflate).
 
-    The inflated size is bounded by max_bytes (413 beyond), so a small bomb
-    cannot grow past the body limit. Other encodings -> 415.
+    The inflated size is bounded by max_bytes (413 beyond), and, given max_ratio, by that many times
+    the compressed size (never below 1 MiB; `app.body.inflate`, which this is). Other encodings -> 415.
     """
-    enc = (content_encoding or "").strip().lower()
-    if enc in ("", "identity"):
-        return body
-    if enc == "gzip":
-        candidates = [16 + zlib.MAX_WBITS]
-    elif enc == "deflate":  # HTTP "deflate" is the zlib format; some clients send raw deflate
-        candidates = [zlib.MAX_WBITS, -zlib.MAX_WBITS]
-    else:
-        raise ServiceError("unsupported_media_type", f"Content-Encoding {enc!r} is not supported; use gzip or deflate")
-    for n, wbits in enumerate(candidates):
-        d = zlib.decompressobj(wbits)
-        try:
-            out = d.decompress(body, max_bytes + 1)
-        except zlib.error as e:
-            if n + 1 < len(candidates):
-                continue
-            raise ServiceError("bad_request", f"the {enc} body does not decompress: {e}") from None
-        if len(out) > max_bytes or d.unconsumed_tail:
-            raise ServiceError("payload_too_large", f"the decompressed body exceeds the {max_bytes}-byte limit")
-        if not d.eof or d.unused_data:
-            raise ServiceError("bad_request", f"the {enc} body is truncated or has trailing data")
-        return out
-    raise AssertionError("unreachable")
+    return inflate(body, content_encoding, max_bytes, max_ratio)
 
 
 def _reject_constant(name: str) -> Any:
@@ -373,7 +363,7 @@ def _flatten(data: Any, out: list[Any], depth: int = 0) -> None:
 def _parse_shape(inp: Mapping[str, Any], name: str) -> list[int]:
     shape = inp.get("shape")
     if not isinstance(shape, list) or not all(_is_int(d) and 0 <= d < 2**63 for d in shape):
-        raise _tensor_error(f"input {name!r}: shape must be a list of non-negative integers, got {shape!r}")
+        raise _tensor_error(f"input {name!r}: shape must be a list of non-negative integers, got {_short(shape)}")
     return shape
 
 
@@ -440,8 +430,8 @@ def _parse_outputs(doc: Mapping[str, Any], params: Mapping[str, Any], limits: Li
     outputs: list[RequestedOutput] = []
     for o in raw:
         name = o.get("name")
-        if name not in OUTPUTS:
-            raise _tensor_error(f"unknown output {name!r}; this model's outputs are {list(OUTPUTS)}")
+        if not isinstance(name, str) or name not in OUTPUTS:
+            raise _tensor_error(f"unknown output {_short(name)}; this model's outputs are {list(OUTPUTS)}")
         if any(r.name == name for r in outputs):
             raise _tensor_error(f"output {name!r} is requested twice")
         oparams = _params(o, f"output {name!r}")
@@ -495,20 +485,22 @@ def parse_infer_request(
         )
     inp = inputs[0]
     name = inp.get("name")
-    if name not in INPUT_DATATYPES:
-        raise _tensor_error(f"unknown input {name!r}; send {IMAGE_BYTES_INPUT!r} (BYTES) or {IMAGE_INPUT!r} (UINT8)")
+    if not isinstance(name, str) or name not in INPUT_DATATYPES:  # a JSON object as a name is unhashable
+        raise _tensor_error(
+            f"unknown input {_short(name)}; send {IMAGE_BYTES_INPUT!r} (BYTES) or {IMAGE_INPUT!r} (UINT8)"
+        )
     datatype = inp.get("datatype")
     if datatype != INPUT_DATATYPES[name]:
-        raise _tensor_error(f"input {name!r} must have datatype {INPUT_DATATYPES[name]}, got {datatype!r}")
+        raise _tensor_error(f"input {name!r} must have datatype {INPUT_DATATYPES[name]}, got {_short(datatype)}")
     shape = _parse_shape(inp, name)
     h, w = image_size
     if name == IMAGE_BYTES_INPUT and len(shape) != 1:
-        raise _tensor_error(f"input {name!r} must have shape [N] (one encoded image per element), got {shape}")
+        raise _tensor_error(f"input {name!r} must have shape [N] (one encoded image per element), got {_short(shape)}")
     if name == IMAGE_INPUT and (len(shape) != 4 or shape[1:] != [h, w, 3]):
-        raise _tensor_error(f"input {name!r} must have shape [N, {h}, {w}, 3], got {shape}")
+        raise _tensor_error(f"input {name!r} must have shape [N, {h}, {w}, 3], got {_short(shape)}")
     n = shape[0]
     if n == 0:
-        raise _tensor_error(f"input {name!r} has no images (shape {shape})")
+        raise _tensor_error(f"input {name!r} has no images (shape {_short(shape)})")
     if n > limits.max_batch_files:
         raise ServiceError("too_many_files", f"{n} images in one request; the limit is {limits.max_batch_files}")
 
@@ -545,7 +537,7 @@ def parse_infer_request(
         if size is not None:
             expected = n * h * w * 3
             if size != expected:
-                raise _tensor_error(f"input {name!r}: shape {shape} is {expected} bytes of UINT8, got {size}")
+                raise _tensor_error(f"input {name!r}: shape {_short(shape)} is {expected} bytes of UINT8, got {size}")
             req.pixels = np.frombuffer(rest, dtype=np.uint8).reshape(n, h, w, 3)
         else:
             if not isinstance(inp["data"], list):

@@ -41,7 +41,11 @@ def test_cli_checks_files() -> None:
 
 
 def test_serve_env_is_read_as_key_value_lines(tmp_path: Path) -> None:
-    assert read_serve_env(SERVE_ENV) == {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+    assert read_serve_env(SERVE_ENV) == {
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": "30",
+    }
     f = tmp_path / "x.env"
     f.write_text("# comment\n\nA_B=1\n  C=/tmp/x  \nEMPTY=\n")
     assert read_serve_env(f) == {"A_B": "1", "C": "/tmp/x", "EMPTY": ""}
@@ -145,6 +149,9 @@ def test_private_serve_env_gives_each_instance_its_own_replica_ports() -> None:
         for b in ports:
             if a != b:
                 assert all(not set(x) & set(y) for x in ranges(a) for y in ranges(b)), (a, b)
+    # ... and so is the fallback proxy HAProxy uses while no Router is up (8500/9500 by default).
+    fallback = {private_serve_env(p)[f"RAY_SERVE_FALLBACK_PROXY_{k}_PORT"] for p in ports for k in ("HTTP", "GRPC")}
+    assert len(fallback) == 2 * len(ports) and not fallback & {"8500", "9500"}
     env = private_serve_env(18000)
     assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1" and "RAY_SERVE_HAPROXY_SOCKET_PATH" in env
     assert "RAY_SERVE_HAPROXY_SOCKET_PATH" not in private_serve_env(18000, {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"})

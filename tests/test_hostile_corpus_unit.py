@@ -12,7 +12,7 @@ import pytest
 
 from app.config import Limits
 from app.errors import STATUS, ImageInputError
-from app.preprocess import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, cv2, preprocess
+from app.preprocess import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, check_header, cv2, preprocess
 from tests.hostile import DEFAULT_MAX_BODY_BYTES, HostileCase, hostile_cases
 
 CASES = hostile_cases()
@@ -83,3 +83,20 @@ def test_image_case_through_preprocess(case: HostileCase, monkeypatch: pytest.Mo
     assert info.value.status == case.expected_status
     if case.expected_code == "too_many_pixels" or "claims" in case.name:
         assert time.perf_counter() - start < 0.05, "bombs are refused from the header, before decoding"
+
+
+@pytest.mark.parametrize("case", IMAGE_CASES, ids=[c.name for c in IMAGE_CASES])
+def test_the_routers_header_check_gives_every_header_verdict(
+    case: HostileCase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Router runs `check_header` (the Preprocessor's own first step) on every path, /v1/classify, each
+    file of /v1/classify/batch and each V2 BYTES element, before dispatch: every verdict the header alone
+    gives is given there, without decoding, and what it lets through is left to the Preprocessor."""
+    monkeypatch.setattr(cv2, "imdecode", _no_decoding)
+    monkeypatch.setattr(cv2, "imdecodeWithMetadata", _no_decoding)
+    try:
+        check_header(case.body, DEFAULT_MAX_PIXELS, 224, DEFAULT_MAX_DECODE_BYTES)
+    except ImageInputError as e:
+        assert e.code == case.expected_code, e.message
+        return
+    assert case.expected_code not in (*HEADER_VERDICTS, "empty_body"), case.name

@@ -165,3 +165,224 @@ def test_overload_on_one_machine_sheds_with_503_not_errors(local_app: ServeDeplo
                 assert r.json()["error"]["code"] == "overloaded" and r.headers["retry-after"] == "1"
     finally:
         local_app.deploy(local_config(model_files))
+
+
+# --------------------------------------------------------------------------- hostile load: the Router's side
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def _reply(s: socket.socket, deadline: float) -> str:
+    """What the server sends on a raw socket until it closes, the JSON body is complete, or the deadline."""
+    reply = ""
+    while time.monotonic() < deadline:
+        s.settimeout(max(0.05, min(1.0, deadline - time.monotonic())))
+        try:
+            chunk = s.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:  # reset: the caller sees what arrived before it
+            break
+        if not chunk:
+            break
+        reply += chunk.decode(errors="replace")
+        _, sep, body = reply.partition("\r\n\r\n")
+        if sep and body.rstrip().endswith("}"):
+            break
+    return reply
+
+
+def _slow_body(url: str, content_length: int = 100_000) -> socket.socket:
+    """A client that sends its headers and two bytes of its body, then nothing: the body never completes."""
+    s = socket.create_connection(("127.0.0.1", _port(url)), timeout=10)
+    s.sendall(
+        b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n"
+        + f"Content-Length: {content_length}\r\n\r\n".encode()
+        + b"\xff\xd8"
+    )
+    return s
+
+
+def _classify(url: str, photo: str = "coffee") -> httpx.Response:
+    return httpx.post(
+        url + "/v1/classify", content=sample_bytes(photo), headers={"Content-Type": "image/png"}, timeout=30
+    )
+
+
+def test_slow_bodies_get_408_and_take_no_admission_slot(local_app: ServeDeployer, model_files: ModelFiles) -> None:
+    """Six clients that never finish their bodies, against max_in_flight 2 and room for 4 slow bodies: normal
+    requests are answered meanwhile (slow bodies are not in flight), 4 slow ones get 408 at body_timeout_s,
+    2 get it once they are slow and find no room, and nothing waits for the proxy's own timeouts."""
+    timeout_s = 8.0
+    local_app.deploy(
+        local_config(model_files, max_in_flight=2, max_slow_bodies=4, body_timeout_s=timeout_s, slow_body_after_s=0.3)
+    )
+    socks: list[socket.socket] = []
+    try:
+        t0 = time.monotonic()
+        socks = [_slow_body(local_app.url) for _ in range(6)]
+
+        async def normal_pairs() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=local_app.url, timeout=30) as client:
+                out: list[httpx.Response] = []
+                for _ in range(3):  # two at a time: max_in_flight's worth, while all six bodies hang
+                    out += await asyncio.gather(
+                        *(
+                            client.post("/v1/classify", content=sample_bytes(p), headers={"Content-Type": "image/png"})
+                            for p in ("coffee", "chelsea")
+                        )
+                    )
+                return out
+
+        normal = asyncio.run(normal_pairs())
+        answered_while_held = time.monotonic() - t0
+        assert [r.status_code for r in normal] == [200] * 6, [r.text[:200] for r in normal]
+        replies = [_reply(s, t0 + timeout_s + 30) for s in socks]
+        for reply in replies:
+            assert reply.startswith("HTTP/1.1 408"), reply[:300]
+            assert '"body_timeout"' in reply and "application/json" in reply.lower()
+        no_room = [r for r in replies if "slow bodies already" in r]
+        assert len(no_room) == 2, replies
+        assert answered_while_held < timeout_s, "the normal requests were answered while the bodies hung"
+        bodies = httpx.get(local_app.url + "/v1/models", timeout=10).json()["bodies"]
+        assert bodies["slow_now"] == 0 and bodies["refused_slow"] >= 2 and bodies["timed_out"] >= 4, bodies
+    finally:
+        for s in socks:
+            s.close()
+        local_app.deploy(local_config(model_files))
+    assert _classify(local_app.url).status_code == 200
+
+
+def test_a_gzip_json_bomb_is_refused_quickly_and_others_are_served(local_app: ServeDeployer) -> None:
+    """The issue's ~10 KB gzip body of 10 MiB `{"inputs":[[],...]}`: 413 from the inflation ratio, before any JSON
+    is parsed; one inflating to under 1 MiB is parsed (off the event loop) and refused as a bad request. While
+    eight bombs at a time arrive, normal requests are still answered."""
+    from benchmarks.hostile_load import gzip_json_bomb
+
+    url = local_app.url + "/v2/models/efficientnet_lite0/infer"
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    bomb, inflated = gzip_json_bomb(10 * 1024 * 1024)
+    assert len(bomb) < 16_000 and inflated > 10_000_000
+    t0 = time.monotonic()
+    r = httpx.post(url, content=bomb, headers=headers, timeout=30)
+    assert r.status_code == 413 and isinstance(r.json()["error"], str) and "times its size" in r.json()["error"]
+    assert time.monotonic() - t0 < 10  # not stuck
+    small, _ = gzip_json_bomb(1_000_000)
+    r = httpx.post(url, content=small, headers=headers, timeout=30)
+    assert r.status_code == 400 and "inputs must be a list" in r.json()["error"], r.text
+    parsers = httpx.get(local_app.url + "/v1/models", timeout=10).json()["json_parsers"]
+    assert parsers["started"] >= 1  # 1 MiB of JSON was parsed in the Router's parser process, not on its loop
+
+    async def under_fire() -> tuple[list[httpx.Response], list[httpx.Response]]:
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=32)) as client:
+            stop = asyncio.Event()
+
+            async def bomber() -> list[httpx.Response]:
+                got = []
+                while not stop.is_set():
+                    got.append(await client.post(url, content=small, headers=headers))
+                return got
+
+            bombers = [asyncio.create_task(bomber()) for _ in range(8)]
+            try:
+                normal = [
+                    await client.post(
+                        local_app.url + "/v1/classify",
+                        content=sample_bytes("coffee"),
+                        headers={"Content-Type": "image/png"},
+                    )
+                    for _ in range(5)
+                ]
+            finally:
+                stop.set()
+            return normal, [r for b in await asyncio.gather(*bombers) for r in b]
+
+    normal, bombs = asyncio.run(under_fire())
+    assert [r.status_code for r in normal] == [200] * 5
+    assert bombs and {r.status_code for r in bombs} <= {400, 503}, collections.Counter(r.status_code for r in bombs)
+
+
+def test_json_over_the_json_limit_is_refused_from_its_length(local_app: ServeDeployer) -> None:
+    """An uncompressed V2 JSON body declaring more than Limits.max_json_bytes: 413 before it is read."""
+    with socket.create_connection(("127.0.0.1", _port(local_app.url)), timeout=10) as s:
+        s.sendall(
+            b"POST /v2/models/efficientnet_lite0/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 5000000\r\n\r\n{"
+        )
+        reply = _reply(s, time.monotonic() + 20)
+    assert reply.startswith("HTTP/1.1 413"), reply[:300]
+    assert '"error"' in reply and "4194304" in reply
+
+
+def test_every_path_refuses_header_bombs_before_dispatch(local_app: ServeDeployer) -> None:
+    """check_header runs on /v1/classify, on each file of /v1/classify/batch and on V2 BYTES inputs."""
+    from tests.hostile import png_16bit_rgba_bomb, tiff_float32_rgba_bomb
+
+    url = local_app.url
+    tiff, png = tiff_float32_rgba_bomb(), png_16bit_rgba_bomb()
+    r = httpx.post(url + "/v1/classify", content=tiff, headers={"Content-Type": "image/tiff"}, timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "decode_budget_exceeded"
+    files = [
+        ("file", ("a.png", sample_bytes("chelsea"), "image/png")),
+        ("file", ("bomb.tif", tiff, "image/tiff")),
+        ("file", ("bomb.png", png, "image/png")),
+        ("file", ("d.png", sample_bytes("coffee"), "image/png")),
+    ]
+    r = httpx.post(url + "/v1/classify/batch", files=files, headers={"X-Model-Variant": "fp32"}, timeout=30)
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [x.get("status", 200) for x in results] == [200, 413, 413, 200]
+    assert results[1]["error"]["code"] == results[2]["error"]["code"] == "decode_budget_exceeded"
+    assert [results[i]["predictions"][0]["class_id"] for i in (0, 3)] == [285, 967]
+    assert r.json()["timings_ms"]["batch_size"] == 2  # the bombs never went down the chain
+    from benchmarks.hostile_load import v2_bytes_request
+
+    body, headers = v2_bytes_request(png)
+    r = httpx.post(url + "/v2/models/efficientnet_lite0/infer", content=body, headers=headers, timeout=30)
+    assert r.status_code == 413 and "would take about" in r.json()["error"]
+
+
+def test_strict_top_k_and_long_urls(local_app: ServeDeployer) -> None:
+    url = local_app.url
+    for raw in ("٣", "5_0", "+5", " 5"):
+        r = httpx.post(url + "/v1/classify", params={"top_k": raw}, content=sample_bytes("coffee"), timeout=30)
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_parameter", (raw, r.text)
+    # Long enough to pass HAProxy's 16 KiB buffer, longer than Limits.max_url_bytes: the Router's JSON 414.
+    r = httpx.get(url + "/healthz", params={"q": "x" * 10_000}, timeout=30)
+    assert r.status_code == 414 and r.json()["error"]["code"] == "uri_too_long"
+    r = httpx.get(url + "/v2/health/live", params={"q": "x" * 10_000}, timeout=30)
+    assert r.status_code == 414 and isinstance(r.json()["error"], str)
+    # Longer than HAProxy's buffer: HAProxy answers itself (the Router never sees it), fast, never a hang.
+    with socket.create_connection(("127.0.0.1", _port(url)), timeout=10) as s:
+        s.sendall(b"GET /healthz?q=" + b"x" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = _reply(s, time.monotonic() + 20)
+    print("100 KB URL ->", reply[:200].splitlines()[:1] or "(connection closed without a reply)")
+    assert reply == "" or reply.startswith(("HTTP/1.1 400", "HTTP/1.1 414", "HTTP/1.0 400", "HTTP/1.0 414")), reply[
+        :300
+    ]
+
+
+def test_admin_reset_needs_the_admin_token(local_app: ServeDeployer, model_files: ModelFiles) -> None:
+    url = local_app.url + "/v1/ab/reset"
+    # configs/local.yaml: allow_unauthenticated_admin, and no token in the environment
+    assert httpx.post(url, timeout=10).json()["reset"] is True
+    local_app.deploy(local_config(model_files, allow_unauthenticated_admin=False))
+    try:
+        r = httpx.post(url, timeout=10)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "admin_disabled"
+        assert httpx.get(local_app.url + "/v1/ab/summary", timeout=10).status_code == 200  # reading stays open
+        token = "test-admin-token-0123456789abcdef"
+        cfg = local_config(model_files, admin_token_env="TEST_APP_ADMIN_TOKEN")
+        # The token reaches the Router through its environment (in production: a Secret in the Pod's env).
+        deployment(cfg, "Router")["ray_actor_options"]["runtime_env"] = {"env_vars": {"TEST_APP_ADMIN_TOKEN": token}}
+        local_app.deploy(cfg)
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {token}"}):
+            r = httpx.post(url, headers=headers, timeout=10)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", headers
+            assert r.headers["www-authenticate"].startswith("Bearer")
+        r = httpx.post(url, headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert r.status_code == 200 and r.json()["reset"] is True
+    finally:
+        local_app.deploy(local_config(model_files))

@@ -593,3 +593,81 @@ def test_decompress_body() -> None:
         with pytest.raises(ServiceError) as e:
             v2.decompress_body(raw, enc, 10_000)
         assert e.value.code == code
+
+
+def test_decompress_body_bounds_the_ratio_when_asked() -> None:
+    bomb = gzip.compress(b'{"inputs":[' + b"[]," * 1_000_000 + b"[]]}")  # 3 MB from ~3 KB
+    assert len(v2.decompress_body(bomb, "gzip", 10 << 20)) > 3_000_000  # no ratio given: the size limit only
+    with pytest.raises(ServiceError) as e:
+        v2.decompress_body(bomb, "gzip", 10 << 20, max_ratio=LIMITS.max_inflate_ratio)
+    assert e.value.code == "payload_too_large" and "times its size" in e.value.message
+
+
+# --------------------------------------------------------------------------- any JSON type in any field
+
+ODD_VALUES: list[Any] = [{}, {"a": 1}, [], [[]], [{"a": [1]}], None, True, 1.5, -1, 2**70, "x", ""]
+
+
+def _valid_docs() -> list[tuple[dict[str, Any], tuple[int, int]]]:
+    """A JSON bytes request and a JSON pixels request (4x5 images) with every optional field present."""
+    common = {
+        "id": "r1",
+        "outputs": [{"name": "top_k", "parameters": {"classification": 3, "binary_data": False}}],
+        "parameters": {"top_k": 3, "binary_data_output": False},
+    }
+    bytes_inp = {"name": "image_bytes", "datatype": "BYTES", "shape": [1], "data": ["eA=="], "parameters": {}}
+    pixels_inp = {"name": "image", "datatype": "UINT8", "shape": [1, 4, 5, 3], "data": [7] * 60}
+    return [({**common, "inputs": [bytes_inp]}, HW), ({**common, "inputs": [pixels_inp]}, (4, 5))]
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every place in a JSON document that holds a value (dict keys and list indices), the data arrays' first only."""
+    out: list[tuple[Any, ...]] = []
+    items = value.items() if isinstance(value, dict) else enumerate(value[:1]) if isinstance(value, list) else ()
+    for k, v in items:
+        out.append((*prefix, k))
+        out.extend(_paths(v, (*prefix, k)))
+    return out
+
+
+def _replaced(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
+    copy = json.loads(json.dumps(doc))
+    target = copy
+    for k in path[:-1]:
+        target = target[k]
+    target[path[-1]] = value
+    return copy
+
+
+@pytest.mark.parametrize("value", ODD_VALUES, ids=[json.dumps(v) for v in ODD_VALUES])
+def test_any_json_type_in_any_field_is_a_4xx_never_a_crash(value: Any) -> None:
+    """An object or array where a name, datatype, shape, parameter or datum belongs: the protocol's 400/413/422."""
+    tried = 0
+    for doc, hw in _valid_docs():
+        _parse(json.dumps(doc).encode(), None, hw=hw)  # the unchanged request is valid
+        for path in _paths(doc):
+            body = json.dumps(_replaced(doc, path, value)).encode()
+            tried += 1
+            try:
+                _parse(body, None, hw=hw)
+            except ServiceError as e:
+                assert 400 <= e.status < 500, (path, e.code, e.message)
+                assert len(e.message) < 400, (path, e.message)
+    assert tried > 20
+
+
+@pytest.mark.parametrize("name", [{"a": 1}, ["image"], [["image_bytes"]], {"image": "image"}])
+def test_an_input_name_that_is_an_object_or_array_is_400(name: Any) -> None:
+    """The issue's 500: `name not in INPUT_DATATYPES` hashed the value (a dict is unhashable)."""
+    for doc in (
+        {"inputs": [{"name": name, "datatype": "BYTES", "shape": [1], "data": ["eA=="]}]},
+        {
+            "inputs": [{"name": "image_bytes", "datatype": "BYTES", "shape": [1], "data": ["eA=="]}],
+            "outputs": [{"name": name}],
+        },
+    ):
+        with pytest.raises(ServiceError) as e:
+            _parse(json.dumps(doc).encode(), None)
+        assert _code(e) == ("invalid_tensor", 400)
+        status, payload = v2.v2_error(e.value)
+        assert status == 400 and set(payload) == {"error"} and "unknown" in payload["error"]

@@ -140,3 +140,25 @@ def test_errors(client: triton.InferenceServerClient, local_app: ServeDeployer) 
     r = httpx.post(local_app.url + "/v2/models/efficientnet_lite0/infer", content=b"{not json", timeout=10)
     assert r.status_code == 400 and isinstance(r.json()["error"], str)
     assert httpx.get(local_app.url + "/v2/models/nope").status_code == 404
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests_from_tritonclient(client: triton.InferenceServerClient, algorithm: str) -> None:
+    """tritonclient's own request compression passes the inflation-ratio limit, JSON pixels included (the most
+    compressible real encoding), and gives the same answer."""
+    pixels = np.stack([preprocess(sample_bytes(p)) for p in ("chelsea", "coffee")])
+    inp = triton.InferInput("image", list(pixels.shape), "UINT8")
+    inp.set_data_from_numpy(pixels, binary_data=False)
+    outputs = [triton.InferRequestedOutput("top_k", class_count=1)]
+    result = client.infer(FP32, [inp], outputs=outputs, request_compression_algorithm=algorithm)
+    assert [top1(result, i) for i in range(2)] == [285, 967]
+    result = client.infer(FP32, [bytes_input(["grace_hopper"], True)], request_compression_algorithm=algorithm)
+    assert top1(result) == 652
+
+
+def test_objects_where_names_belong_are_400(local_app: ServeDeployer) -> None:
+    url = local_app.url + "/v2/models/efficientnet_lite0/infer"
+    for name in ({"a": 1}, ["image_bytes"]):
+        doc = {"inputs": [{"name": name, "datatype": "BYTES", "shape": [1], "data": ["eA=="]}]}
+        r = httpx.post(url, json=doc, timeout=30)
+        assert r.status_code == 400 and isinstance(r.json()["error"], str), r.text
