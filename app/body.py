@@ -28,6 +28,7 @@ import zlib
 from collections.abc import AsyncIterable
 
 from app.errors import ServiceError
+from app.guards import byte_count
 
 RATIO_FLOOR = 1 << 20  # bodies that inflate to at most 1 MiB are never refused for their ratio
 INLINE_INFLATE_BYTES = 4096  # compressed bodies up to this inflate on the event loop (<= RATIO_FLOOR out: ~1 ms)
@@ -35,12 +36,7 @@ INLINE_INFLATE_BYTES = 4096  # compressed bodies up to this inflate on the event
 
 def content_length(raw: str | None) -> int | None:
     """The Content-Length header as an int (None when absent): ASCII digits only, anything else is 400."""
-    if raw is None:
-        return None
-    s = raw.strip()
-    if not (s.isascii() and s.isdigit()) or len(s) > 18:
-        raise ServiceError("bad_request", f"Content-Length must be a byte count, got {raw[:32]!r}")
-    return int(s)
+    return byte_count(raw, "Content-Length")
 
 
 class _Reader:

@@ -23,6 +23,17 @@ TOP_K_DIGITS = 4
 MIN_ADMIN_TOKEN_CHARS = 16
 
 
+def byte_count(raw: str | None, header: str) -> int | None:
+    """A header that holds a byte count (Content-Length, Inference-Header-Content-Length): ASCII digits only,
+    at most 18 of them; None when absent; anything else is 400."""
+    if raw is None:
+        return None
+    s = raw.strip()
+    if not (s.isascii() and s.isdigit()) or len(s) > 18:
+        raise ServiceError("bad_request", f"{header} must be a byte count, got {raw[:32]!r}")
+    return int(s)
+
+
 def parse_top_k(raw: str | None, default: int, maximum: int) -> int:
     """`?top_k=`: absent or empty -> default; else 1-4 ASCII digits within 1..maximum (422 otherwise)."""
     if raw is None or raw == "":

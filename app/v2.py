@@ -67,6 +67,7 @@ import numpy as np
 from app.body import inflate
 from app.config import Limits
 from app.errors import STATUS, ServiceError
+from app.guards import byte_count
 from app.models import MODEL_NAME
 
 # --------------------------------------------------------------------------- names and constants
@@ -297,12 +298,7 @@ class InferRequest:
 
 def parse_header_length(raw: str | None) -> int | None:
     """The Inference-Header-Content-Length header as an int (None when absent); junk -> 400 bad_request."""
-    if raw is None:
-        return None
-    s = raw.strip()
-    if not (s.isascii() and s.isdigit()) or len(s) > 18:
-        raise ServiceError("bad_request", f"{HEADER_LENGTH} must be a byte count, got {raw[:32]!r}")
-    return int(s)
+    return byte_count(raw, HEADER_LENGTH)
 
 
 def decompress_body(body: bytes, content_encoding: str | None, max_bytes: int, max_ratio: float | None = None) -> bytes:
