@@ -139,7 +139,8 @@ def cpu_serve_config(config: dict[str, Any]) -> dict[str, Any]:
     the same directory instead: ONNX Runtime's fused S8S8 kernels overflow on CPUs without VNNI.
     """
     cfg = copy.deepcopy(config)
-    trt_name, cpu_name = ModelFiles(Path(".")).int8_trt.name, ModelFiles(Path(".")).int8.name
+    names = ModelFiles(Path("."))
+    trt_name, cpu_name = names.int8_trt.name, names.int8.name
     for app in cfg.get("applications", []):
         args = app.setdefault("args", {})
         args["device"] = "cpu"

@@ -48,12 +48,11 @@ from typing import Any
 from app.runtime.plan import (
     CPU,
     CUDA,
-    RECORD_ASSIGNMENT,
     TENSORRT,
     EngineChoice,
-    Provider,
     RuntimeOptions,
     TensorRTOptions,
+    cpu_choice,
     plan_engines,
 )
 from benchmarks.environment import RESULTS_DIR, format_environment, host_name, print_environment, stamp
@@ -81,11 +80,6 @@ def tensorrt_choice(name: str, path: str, opts: RuntimeOptions) -> EngineChoice:
 def cuda_choice(name: str, path: str, opts: RuntimeOptions) -> EngineChoice:
     """CUDA EP first, CPU for what it does not take; no TensorRT."""
     return plan_engines(name, opts, GPU_PROVIDERS, openvino=False).candidates[0]
-
-
-def cpu_choice() -> EngineChoice:
-    """What --cpu-dry-run puts in place of every target's providers."""
-    return EngineChoice("cpu", (Provider(CPU),), {RECORD_ASSIGNMENT: "1"})
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ import onnx
 from app.models.calibration import sample_directory
 from app.models.samples import EVAL_PHOTOS, available_photos, sample_bytes
 from app.preprocess import preprocess
-from app.runtime import CPU, EngineChoice, OrtEngine, RuntimeOptions, cpu_engine, softmax
-from app.runtime.plan import RECORD_ASSIGNMENT, Provider
+from app.runtime import CPU, OrtEngine, RuntimeOptions, cpu_engine, softmax
+from app.runtime.plan import cpu_choice
 
 BATCH_SIZES = (1, 8, 16, 32)
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
@@ -110,8 +110,7 @@ def qdq_as_written(path: Path, opts: RuntimeOptions) -> OrtEngine:
     PR #12088), far more often with sign-flipped S8 activations than with ReLU-range U8 ones. The report
     shows that path's agreement separately.
     """
-    choice = EngineChoice("cpu", (Provider(CPU),), {DISABLE_QDQ_FUSION: "1", RECORD_ASSIGNMENT: "1"})
-    return OrtEngine(path, opts, choice)
+    return OrtEngine(path, opts, cpu_choice({DISABLE_QDQ_FUSION: "1"}))
 
 
 def tensorrt_section(

@@ -213,8 +213,13 @@ def _gpu_choice(
     return EngineChoice(ENGINE_OF_PROVIDER[providers[0].name], tuple(providers), config)
 
 
+def cpu_choice(session_config: dict[str, str] | None = None) -> EngineChoice:
+    """ONNX Runtime's CPU EP alone, node placement recorded; `session_config` adds ORT config entries."""
+    return EngineChoice("cpu", (Provider(CPU),), {RECORD_ASSIGNMENT: "1", **(session_config or {})})
+
+
 def _cpu_choices(variant: str, opts: RuntimeOptions, openvino: bool) -> list[EngineChoice]:
-    cpu = EngineChoice("cpu", (Provider(CPU),), {RECORD_ASSIGNMENT: "1"})
+    cpu = cpu_choice()
     if opts.engine == "openvino":
         if not openvino:
             raise PlanError(f"variant {variant!r}: engine openvino, but the openvino package is not installed")

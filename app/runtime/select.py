@@ -10,7 +10,7 @@ import logging
 import os
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -202,7 +202,3 @@ def open_engine(variant: str, path: str, opts: RuntimeOptions, measure_batch: in
         ", ".join(f"{n} {t.img_per_s} img/s" for n, t in measured.items()) + f" at batch {len(x)}: {best.name}",
     )
     return Opened(best, plan, measured)
-
-
-def with_precision(opts: RuntimeOptions, precision: str) -> RuntimeOptions:
-    return replace(opts, precision=precision)

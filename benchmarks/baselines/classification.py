@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from app import guards
 from app.errors import ServiceError
 from app.models import MODEL_NAME, ModelFiles, default_files
 from app.preprocess import preprocess
@@ -58,11 +59,8 @@ def choose_variant(headers: Mapping[str, str], available: Mapping[str, Any]) -> 
 
 
 def parse_top_k(raw: str | None) -> int:
-    if raw is None:
-        return 5
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_TOP_K:
-        raise ServiceError("invalid_parameter", f"top_k must be an integer in 1..{MAX_TOP_K}, got {raw!r}")
-    return int(raw)
+    """The app's own rule (app.guards.parse_top_k): the peers answer `?top_k=` exactly as the app does."""
+    return guards.parse_top_k(raw, 5, MAX_TOP_K)
 
 
 def request_images(body: bytes, content_type: str, many: bool) -> list[bytes]:
