@@ -287,7 +287,10 @@ class RouterConfig(_Strict):
     shadow_fraction: float = Field(0.0, ge=0, le=1, description="share of requests also run on the other variant")
     max_shadow_in_flight: int = Field(8, ge=0, description="shadow runs in flight per Router; beyond, dropped")
     coalesce_max: int = Field(
-        16, gt=0, le=256, description="single-image requests sent down the chain together (1: one call each)"
+        16,
+        gt=0,
+        le=256,
+        description="images sent down the chain together, from concurrent requests of any protocol (1: one call each)",
     )
     max_groups_in_flight: int = Field(
         2, gt=0, le=64, description="groups per variant in flight at once; arrivals meanwhile form the next group"

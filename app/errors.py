@@ -57,12 +57,13 @@ RETRY_AFTER_S = 1
 class ServiceError(Exception):
     """A failure with a stable machine-readable code and a human message."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, variant: str | None = None) -> None:
         if code not in STATUS:
             raise ValueError(f"unknown error code {code!r}")
         super().__init__(message)
         self.code = code
         self.message = message
+        self.variant = variant  # the variant that failed, where one did (metrics and the A/B ledger count it)
 
     @property
     def status(self) -> int:
@@ -80,9 +81,9 @@ class ServiceError(Exception):
             return {"WWW-Authenticate": 'Bearer realm="admin"'}  # RFC 9110: a 401 names its scheme
         return {"Retry-After": str(RETRY_AFTER_S)} if self.retryable else {}
 
-    def __reduce__(self) -> tuple[type[ServiceError], tuple[str, str]]:
-        # Crosses Ray's object store: keep it picklable with both fields.
-        return (type(self), (self.code, self.message))
+    def __reduce__(self) -> tuple[type[ServiceError], tuple[str, str, str | None]]:
+        # Crosses Ray's object store: keep it picklable with every field.
+        return (type(self), (self.code, self.message, self.variant))
 
 
 class ImageInputError(ServiceError):
@@ -95,7 +96,7 @@ def find_service_error(exc: BaseException) -> ServiceError | None:
     cur: BaseException | None = exc
     while cur is not None and seen < 8:
         if isinstance(cur, ServiceError):
-            return ServiceError(cur.code, cur.message)
+            return ServiceError(cur.code, cur.message, cur.variant)
         cur = getattr(cur, "cause", None) or cur.__cause__
         seen += 1
     return None

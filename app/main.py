@@ -6,9 +6,7 @@ parameter annotation at run time to validate `args` with the pydantic model.
 
 import fcntl
 import logging
-from pathlib import Path
 
-from pydantic import ValidationError
 from ray.serve import Application
 
 from app.classifier import Classifier
@@ -88,16 +86,3 @@ def build_app(args: AppArgs) -> Application:
         args.model_dump(),
         load_labels(args),
     )
-
-
-def app_from_dict(raw: dict) -> Application:
-    """For scripts and tests: validate a plain dict and build, with the field named on error."""
-    try:
-        args = AppArgs.model_validate(raw)
-    except ValidationError as e:
-        raise ConfigError(str(e)) from e
-    return build_app(args)
-
-
-def default_app_path() -> Path:
-    return Path(__file__).resolve().parent.parent / "configs" / "local.yaml"

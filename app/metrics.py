@@ -62,6 +62,23 @@ class RouterMetrics:
             tag_keys=("pair",),
         )
 
+    # The pipeline's ShadowMetrics (app/pipeline/ports.py).
+    def shadow_outcome(self, pair: str, outcome: str, n: int = 1) -> None:
+        self.shadow.inc(n, tags={"pair": pair, "outcome": outcome})
+
+    def shadow_delta(self, pair: str, abs_dp: float) -> None:
+        self.shadow_abs_dp.observe(abs_dp, tags={"pair": pair})
+
+    def error(self, endpoint: str, code: str, status: int, variant: str = "none") -> None:
+        self.requests.inc(tags={"endpoint": endpoint, "variant": variant, "status": str(status)})
+        self.errors.inc(tags={"endpoint": endpoint, "code": code})
+
+    def success(self, endpoint: str, variant: str, timings: dict[str, float]) -> None:
+        self.requests.inc(tags={"endpoint": endpoint, "variant": variant, "status": "200"})
+        for stage in STAGES:
+            if stage in timings:
+                self.stage_ms.observe(timings[stage], tags={"stage": stage, "variant": variant})
+
 
 class ClassifierMetrics:
     def __init__(self) -> None:

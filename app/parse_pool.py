@@ -48,6 +48,10 @@ _FRAME = struct.Struct("<Q")
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory `app` is imported from
 
 
+# What `v2.parse_infer_request` takes: (body, header_length, limits, image_size).
+ParseJob = tuple[bytes, "int | None", Limits, tuple[int, int]]
+
+
 def json_part(body: bytes, header_length: int | None) -> int:
     """How many bytes of the request are JSON: all of it, or the header before binary tensor data."""
     return len(body) if header_length is None else min(header_length, len(body))
@@ -70,7 +74,7 @@ async def parse_request(
         )
     if n <= INLINE_JSON_BYTES:
         return v2.parse_infer_request(body, header_length, limits, image_size)
-    return await pool.parse(body, header_length, limits, image_size, timeout_s)
+    return await pool.parse((body, header_length, limits, image_size), timeout_s)
 
 
 # --------------------------------------------------------------------------- the child
@@ -183,15 +187,8 @@ class ParsePool:
     def waiting(self) -> int:
         return sum(not f.done() for f in self._waiters)
 
-    async def parse(
-        self,
-        body: bytes,
-        header_length: int | None,
-        limits: Limits,
-        image_size: tuple[int, int],
-        timeout_s: float,
-    ) -> v2.InferRequest:
-        """`v2.parse_infer_request(body, header_length, limits, image_size)` in a child, within timeout_s.
+    async def parse(self, job: ParseJob, timeout_s: float) -> v2.InferRequest:
+        """`v2.parse_infer_request(*job)` in a child, within timeout_s.
 
         Raises what the parse raises (ServiceError), or overloaded (503: too many waiting),
         inference_timeout (503: no answer in time), internal_error (the child failed or died).
@@ -200,7 +197,7 @@ class ParsePool:
         deadline = loop.time() + timeout_s
         await self._acquire(timeout_s)
         try:
-            frame = pickle.dumps((body, header_length, limits, image_size), protocol=pickle.HIGHEST_PROTOCOL)
+            frame = pickle.dumps(tuple(job), protocol=pickle.HIGHEST_PROTOCOL)
             task = loop.create_task(self._run(frame))
         except BaseException:
             self._release()

@@ -802,22 +802,6 @@ def _decode_checked(
         raise _from_cv2_error(e, info) from None
 
 
-def decode_image(
-    data: bytes,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
-    target: int | None = None,
-    max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
-) -> np.ndarray:
-    """Decode to uint8 RGB HxWx3, refusing bombs before the decoder allocates.
-
-    JPEGs are decoded with EXIF orientation applied, reduced in the DCT domain
-    when far larger than `target`; transparent pixels are composited onto
-    BACKGROUND_RGB. Raises ImageInputError and nothing else for bad input.
-    """
-    img = _decode_checked(data, max_pixels, target, max_decode_bytes)
-    return cv2.cvtColor(img, cv2.COLOR_GRAY2RGB if img.ndim == 2 else cv2.COLOR_BGR2RGB)
-
-
 def _from_cv2_error(e: cv2.error, info: ImageInfo) -> ImageInputError:
     text = str(e)
     if "CV_IO_MAX_IMAGE" in text:  # OpenCV's own size guard (the second line)

@@ -10,6 +10,7 @@ import bisect
 import hashlib
 import random
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -51,7 +52,7 @@ class WeightedSplit:
 
 def choose_variant(
     split: WeightedSplit,
-    known: Mapping[str, object] | set[str],
+    known: Mapping[str, object] | AbstractSet[str],
     user_id: str | None,
     override: str | None,
     allow_override: bool,

@@ -30,7 +30,7 @@ from ray import serve
 from app.config import Limits
 from app.models import ModelFiles
 from benchmarks import hostile_load
-from benchmarks.soak import is_raylet, proc_table
+from benchmarks.procs import is_raylet, proc_table
 from tests.conftest import APP_NAME, local_config, use_serve_env, wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -84,8 +84,8 @@ def attacked(model_files: ModelFiles, tmp_path_factory: pytest.TempPathFactory) 
     for _ in range(6):  # first requests pay one-off costs (handles, first batches): not the attack's doing
         r = httpx.post(URL + "/v1/classify", content=jpeg, headers={"Content-Type": "image/jpeg"}, timeout=30)
         assert r.status_code == 200, r.text
-    ids = hostile_load.app_replica_ids(URL)
-    assert ids is not None and f"Router#{ids['Router']}" in replica_actors(), (ids, replica_actors())  # ours
+    router = httpx.get(URL + "/v1/models", timeout=10).json()["router_replica_id"]
+    assert f"Router#{router}" in replica_actors(), (router, replica_actors())  # the app on PORT is ours
     target = hostile_load.attach(URL)
     if target.raylet_pid is None:  # found from the port's listener; else the raylet ray.init started here
         raylet = own_raylet()
@@ -97,7 +97,7 @@ def attacked(model_files: ModelFiles, tmp_path_factory: pytest.TempPathFactory) 
         duration_s=SECONDS,
         clients=16,
         connections=200,
-        thresholds=hostile_load.Thresholds(preprocessor_memory_mb=limits.preprocessor_memory_bytes / hostile_load.MB),
+        preprocessor_memory_mb=limits.preprocessor_memory_bytes / hostile_load.MB,
     )
     state: dict[str, Any] = {"target": target, "settings": settings, "phases": []}
     yield state

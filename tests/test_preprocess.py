@@ -23,7 +23,15 @@ from PIL import Image, ImageOps
 from app import preprocess as pre
 from app.config import Limits
 from app.errors import STATUS, ImageInputError
-from app.preprocess import cv2, decode_image, estimate_decode_bytes, preprocess, probe_dimensions
+from app.preprocess import (
+    DEFAULT_MAX_DECODE_BYTES,
+    DEFAULT_MAX_PIXELS,
+    _decode_checked,
+    cv2,
+    estimate_decode_bytes,
+    preprocess,
+    probe_dimensions,
+)
 from tests.hostile import (
     bmp_header_only,
     cv_encode,
@@ -52,6 +60,14 @@ from tests.hostile import (
 REPO = Path(__file__).resolve().parent.parent
 
 RED, GREEN, BLUE, YELLOW = (255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0)
+
+
+def decode_image(
+    data: bytes, target: int | None = None, max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES
+) -> np.ndarray:
+    """The Preprocessor's decode without the resize, as RGB: what orientation and compositing tests look at."""
+    img = _decode_checked(data, DEFAULT_MAX_PIXELS, target, max_decode_bytes)
+    return cv2.cvtColor(img, cv2.COLOR_GRAY2RGB if img.ndim == 2 else cv2.COLOR_BGR2RGB)
 
 
 def quadrants(height: int, width: int, colors: tuple = (RED, GREEN, BLUE, YELLOW)) -> np.ndarray:

@@ -1,0 +1,177 @@
+"""The Router's HTTP side: the route table, the request's body and the choice of variant, over one Pipeline.
+
+Everything a handler needs lives here once: the limits, the live RouterConfig, the A/B split,
+the body gate, the JSON parser processes, the replies. Handlers are in v1.py and v2.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from app.body import INLINE_INFLATE_BYTES, BodyGate, check_encoding, content_length, inflate
+from app.config import AppArgs, RouterConfig
+from app.errors import ServiceError
+from app.guards import admin_token, check_admin, check_url
+from app.http.replies import Replies
+from app.metrics import RouterMetrics
+from app.parse_pool import ParsePool
+from app.pipeline.ports import Backend
+from app.pipeline.service import Pipeline
+from app.routing import Choice, WeightedSplit, choose_variant
+from app.serve_internals import request_id
+
+logger = logging.getLogger("ray.serve")
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Ingress:
+    def __init__(self, args: AppArgs, backend: Backend, variants: list[str], labels: list[str], replica: str) -> None:
+        self.args = args
+        self.limits = args.limits
+        self.variants = variants
+        self.known = frozenset(variants)
+        self.labels = labels
+        self.replica = replica
+        self.metrics = RouterMetrics()
+        self.replies = Replies(self.metrics)
+        self.rng = random.Random()
+        self.pipeline = Pipeline(backend, variants, self.metrics, self.metrics.cancelled.inc, self.rng)
+        self.bodies = BodyGate()  # bodies still arriving: before admission, with their own deadline
+        self.parsers = ParsePool()  # large V2 JSON is parsed in a child process (CPython's json holds the GIL)
+        self.inflater = ThreadPoolExecutor(max_workers=2, thread_name_prefix="inflate")  # zlib frees the GIL
+        self.cfg: RouterConfig | None = None
+        self.split: WeightedSplit | None = None
+        self.admin_token: str | None = None
+        self.routes: dict[tuple[str, str], Handler] = {}
+        self.admin_routes: set[tuple[str, str]] = set()
+        self.v2: Callable[[Request, str], Awaitable[Response]] | None = None
+
+    def configure(self, cfg: RouterConfig) -> None:
+        unknown = sorted(set(cfg.weights) - set(self.variants))
+        if unknown:
+            raise ValueError(f"user_config.weights names unknown variants {unknown}; deployed: {self.variants}")
+        self.split = WeightedSplit(cfg.weights)
+        self.cfg = cfg
+        self.pipeline.configure(cfg, self.split)
+        self.admin_token = admin_token(cfg.admin_token_env)
+        if self.admin_token:
+            admin = f"token from ${cfg.admin_token_env}"
+            if len(self.admin_token) < 16:
+                logger.warning("the admin token in $%s is under 16 characters: guessable", cfg.admin_token_env)
+        else:
+            admin = "open to anyone (allow_unauthenticated_admin)" if cfg.allow_unauthenticated_admin else "disabled"
+        logger.info(
+            "Router A/B weights %s (sticky %s, override %s, shadow %.2f); admin endpoints: %s",
+            self.split.fractions,
+            cfg.sticky_header,
+            "allowed" if cfg.allow_override else "refused",
+            cfg.shadow_fraction,
+            admin,
+        )
+
+    @property
+    def config(self) -> RouterConfig:
+        assert self.cfg is not None, "reconfigure() has not run"
+        return self.cfg
+
+    # -- dispatch ------------------------------------------------------------------------
+
+    async def __call__(self, request: Request) -> Response:
+        path = request.url.path.rstrip("/") or "/"
+        is_v2 = path.startswith("/v2")
+        try:
+            raw_path = request.scope.get("raw_path") or request.url.path.encode()
+            check_url(raw_path, request.scope.get("query_string") or b"", self.limits.max_url_bytes)
+        except ServiceError as e:
+            return self.replies.v2_error(e) if is_v2 else self.replies.error("other", e)
+        if is_v2:
+            assert self.v2 is not None
+            return await self.v2(request, path)
+        handler = self.routes.get((request.method, path))
+        if handler is None:
+            if any(p == path for _, p in self.routes):
+                return self.replies.error("other", ServiceError("method_not_allowed", f"{request.method} not allowed"))
+            return self.replies.error("other", ServiceError("not_found", f"no route {request.url.path}"))
+        try:
+            if (request.method, path) in self.admin_routes:
+                auth = request.headers.get("authorization")
+                check_admin(auth, self.admin_token, self.config.allow_unauthenticated_admin)
+            return await handler(request)
+        except ServiceError as e:
+            return self.replies.error(path, e)
+        except Exception as e:  # a bug, not an input's fault: keep the replica serving
+            logger.exception("unhandled error on %s %s", request.method, request.url.path)
+            return self.replies.error(path, ServiceError("internal_error", f"internal error ({type(e).__name__})"))
+
+    # -- what every handler needs ----------------------------------------------------------
+
+    async def receive(self, request: Request, max_bytes: int | None = None) -> bytes:
+        """The whole body through the body gate (app/body.py), before the request is admitted: 413/408 here."""
+        cfg = self.config
+        try:
+            body = await self.bodies.read(
+                request.stream(),
+                declared=content_length(request.headers.get("content-length")),
+                max_bytes=self.limits.max_body_bytes if max_bytes is None else max_bytes,
+                timeout_s=cfg.body_timeout_s,
+                slow_after_s=cfg.slow_body_after_s,
+                max_slow=cfg.max_slow_bodies,
+            )
+        except ClientDisconnect:
+            self.pipeline.admission.client_gone()
+            raise ServiceError("bad_request", "the client closed the connection before its body arrived") from None
+        self.metrics.input_bytes.observe(len(body))
+        return body
+
+    async def inflate(self, raw: bytes, encoding: str | None, max_bytes: int) -> bytes:
+        """Undo the Content-Encoding within the size and ratio limits; a large one on a thread (zlib frees the GIL)."""
+        ratio = self.limits.max_inflate_ratio
+        if check_encoding(encoding) and len(raw) > INLINE_INFLATE_BYTES:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.inflater, inflate, raw, encoding, max_bytes, ratio)
+        return inflate(raw, encoding, max_bytes, ratio)
+
+    def choose(self, request: Request, pinned: str | None = None) -> Choice:
+        """The A/B choice (sticky, override or weighted), or the variant a V2 model name pins."""
+        if pinned is not None:
+            return Choice(pinned, "model")
+        cfg, split = self.config, self.split
+        assert split is not None
+        return choose_variant(
+            split,
+            self.known,
+            request.headers.get(cfg.sticky_header),
+            request.headers.get(cfg.override_header),
+            cfg.allow_override,
+            self.rng,
+        )
+
+    def request_id(self, request: Request) -> str:
+        """Serve's own request id (it also returns it as X-Request-Id and logs it)."""
+        return request_id() or request.headers.get("x-request-id") or uuid.uuid4().hex
+
+    def observe_pixels(self, pixels: list[int]) -> None:
+        for n in pixels:
+            self.metrics.input_pixels.observe(n)
+
+    def summary(self) -> dict[str, Any]:
+        """This Router's own counters, for /v1/models."""
+        return {
+            "router_replica_id": self.replica,
+            "cancelled_requests": self.pipeline.admission.cancelled,
+            "bodies": {
+                "slow_now": self.bodies.slow,
+                "timed_out": self.bodies.timed_out,
+                "refused_slow": self.bodies.refused_slow,
+            },
+            "json_parsers": {"started": self.parsers.started, "parsed": self.parsers.parsed},
+        }

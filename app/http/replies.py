@@ -1,0 +1,46 @@
+"""Replies: JSON bodies, the error shapes of v1 and V2, Server-Timing; every reply counted in the metrics once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import JSONResponse, Response
+
+from app import v2
+from app.errors import ServiceError
+from app.metrics import RouterMetrics
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def error_response(err: ServiceError) -> Response:
+    return json_response(err.body(), err.status, err.headers())
+
+
+def server_timing(timings: dict[str, float]) -> str:
+    return ", ".join(f"{k};dur={v}" for k, v in timings.items() if k != "batch_size")
+
+
+class Replies:
+    """The one reply path: a v1 or V2 error, or a success, and its metrics."""
+
+    def __init__(self, metrics: RouterMetrics) -> None:
+        self.metrics = metrics
+
+    def error(self, endpoint: str, err: ServiceError, variant: str | None = None) -> Response:
+        """v1: {"error": {"code", "message"}} with the status table's status."""
+        self.metrics.error(endpoint, err.code, err.status, variant or err.variant or "none")
+        return error_response(err)
+
+    def v2_error(self, err: ServiceError) -> Response:
+        """The Open Inference Protocol's flat {"error": "..."}."""
+        status, body = v2.v2_error(err)
+        self.metrics.error("/v2", err.code, status, err.variant or "none")
+        return json_response(body, status, err.headers())
+
+    def success(self, endpoint: str, variant: str, timings: dict[str, float]) -> dict[str, str]:
+        """Count a 200; the headers every successful reply carries."""
+        self.metrics.success(endpoint, variant, timings)
+        return {"X-Model-Variant": variant, "Server-Timing": server_timing(timings)}

@@ -1,0 +1,65 @@
+"""What the pipeline needs from the world outside it, as Protocols (Serve's handles satisfy them in app/handles.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any, Protocol
+
+from app.payloads import Pixels, Scores
+
+
+class Call(Awaitable[Any], Protocol):
+    """A downstream call in flight (Serve's DeploymentResponse): awaitable, cancellable, passable on."""
+
+    def cancel(self) -> None: ...
+
+
+class ReplicaLost(RuntimeError):
+    """The call's replica died or its deployment has none: worth one retry elsewhere (inference is idempotent)."""
+
+    def __init__(self, message: str, unavailable: bool = False) -> None:
+        super().__init__(message)
+        self.unavailable = unavailable  # the deployment had no replica at all (vs. one died mid-call)
+
+
+class Backend(Protocol):
+    """The Preprocessor, the Classifiers and the A/B ledger, as the pipeline sees them."""
+
+    def preprocess(self, images: list[bytes], size: int, wall_deadline: float) -> Call:
+        """Decode and resize; the answer (Pixels) is passed on to `classify` without coming back here."""
+        ...
+
+    def classify(self, variant: str, pixels: Call | Pixels, top_k: int, full: bool, rows: list[int] | None) -> Call:
+        """Top-k (and logits when `full`) of each image; `rows`: only those rows of `pixels`."""
+        ...
+
+    def describe(self, variant: str) -> Call: ...
+
+    def ready(self, variant: str) -> Call: ...
+
+    def ledger_add(self, delta: Any) -> Call: ...
+
+    def ledger_summary(self) -> Call: ...
+
+    def ledger_reset(self) -> Call: ...
+
+    async def result(self, call: Call) -> Any:
+        """Await a call: the answer, or ReplicaLost / ServiceError (overloaded, ...) / the cancellation."""
+        ...
+
+    def routable(self, variant: str) -> int | None:
+        """How many replicas the handle can route to right now (None: unknown). No I/O."""
+        ...
+
+    async def running(self) -> dict[str, int] | None:
+        """RUNNING replicas per variant, from the controller (None: unknown)."""
+        ...
+
+
+class ShadowMetrics(Protocol):
+    def shadow_outcome(self, pair: str, outcome: str, n: int = 1) -> None: ...
+
+    def shadow_delta(self, pair: str, abs_dp: float) -> None: ...
+
+
+__all__ = ["Backend", "Call", "ReplicaLost", "Scores", "ShadowMetrics"]

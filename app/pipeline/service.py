@@ -1,0 +1,209 @@
+"""The request pipeline put together: `classify(...) -> Outcome` for encoded images or ready pixels.
+
+Encoded images of every protocol (v1 single and batch, V2) ride the coalescer: at low load a
+request leaves at once; under load the requests waiting for a variant leave together, one
+Preprocessor call and one Classifier call for the lot. The Preprocessor's answer is handed
+straight to the Classifier (Serve resolves it there), so pixels never come back through here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from app.config import RouterConfig
+from app.errors import ServiceError
+from app.guards import deadline_message, wall_deadline
+from app.payloads import Pixels, Scores
+from app.pipeline.admission import Admission
+from app.pipeline.coalescer import Coalescer, Waiter
+from app.pipeline.failover import Failover
+from app.pipeline.ports import Backend, Call, ReplicaLost, ShadowMetrics
+from app.pipeline.shadow import SHADOW_TOP_K, Evidence, Shadow
+from app.routing import Choice, WeightedSplit
+
+logger = logging.getLogger("ray.serve")
+Top = list[tuple[int, float]]  # (class_id, probability), best first
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)
+
+
+@dataclass
+class Outcome:
+    """One request's answer: per image its top-k or its error, and where the time went."""
+
+    variant: str  # the variant that answered
+    routing: str  # why the request went where it did: weighted, sticky, override, model
+    failed_over: bool
+    top: dict[int, Top]  # by position in the request, for the images that succeeded
+    errors: dict[int, ServiceError]  # by position, for those that did not
+    preprocess_ms: float = 0.0
+    queue_ms: float = 0.0
+    inference_ms: float = 0.0
+    batch_size: int = 0
+    logits: np.ndarray | None = None  # [succeeded, classes] in position order, when asked for (`full`)
+
+    def timings(self) -> dict[str, float]:
+        return {"preprocess": self.preprocess_ms, "queue": self.queue_ms, "inference": self.inference_ms}
+
+
+@dataclass(frozen=True)
+class _Ask:
+    choice: Choice
+    top_k: int
+    received: float  # perf_counter when the body was in: the deadline runs from here
+    full: bool
+
+
+class Pipeline:
+    def __init__(
+        self,
+        backend: Backend,
+        variants: list[str],
+        metrics: ShadowMetrics,
+        on_cancel: Callable[[], None] = lambda: None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.backend = backend
+        self.variants = variants
+        self.admission = Admission(on_cancel)
+        self.evidence = Evidence(backend)
+        self.shadow = Shadow(backend, variants, self.evidence, metrics, rng)
+        self.failover = Failover(backend, variants)
+        self.coalescer: Coalescer[tuple[str, bool, bool]] = Coalescer(self._run_group, self._group_limits)
+        self.settings: RouterConfig | None = None
+        self.split: WeightedSplit | None = None
+        self._specs: dict[str, dict[str, Any]] = {}
+
+    def configure(self, settings: RouterConfig, split: WeightedSplit) -> None:
+        self.settings, self.split = settings, split
+
+    def _group_limits(self) -> tuple[int, int]:
+        assert self.settings is not None
+        return self.settings.max_groups_in_flight, self.settings.coalesce_max
+
+    def admitted(self) -> Any:
+        """`async with pipeline.admitted():` one in-flight slot, or 503 overloaded at once."""
+        assert self.settings is not None
+        self.evidence.ensure_flusher()
+        return self.admission.admitted(self.settings.max_in_flight)
+
+    # -- classification --------------------------------------------------------------
+
+    async def classify(
+        self, choice: Choice, images: list[bytes], top_k: int, received: float, full: bool = False
+    ) -> Outcome:
+        """Encoded images through the coalescer, Preprocessor and Classifier (with failover and shadowing)."""
+        assert self.settings is not None
+        key = (choice.variant, choice.reason in ("override", "model"), full)
+        left = received + self.settings.inference_timeout_s - time.perf_counter()
+        try:  # each request keeps its own deadline, whatever group it rides in
+            outcome: Outcome = await asyncio.wait_for(
+                self.coalescer.submit(key, images, _Ask(choice, top_k, received, full)), max(left, 0.001)
+            )
+        except asyncio.TimeoutError:
+            raise ServiceError("inference_timeout", deadline_message(left), choice.variant) from None
+        return outcome
+
+    async def classify_pixels(
+        self, choice: Choice, pixels: Pixels, top_k: int, received: float, full: bool = False
+    ) -> Outcome:
+        """Ready pixels (a V2 tensor) straight to the Classifier."""
+
+        async def attempt(variant: str, deadline: float, abort: asyncio.Event | None) -> Scores:
+            call = self.backend.classify(variant, pixels, max(top_k, SHADOW_TOP_K), full, None)
+            return await self.failover.call(call, deadline - time.perf_counter(), abort=abort, variant=variant)
+
+        scores, variant = await self._failover(choice, received, attempt)
+        return _outcome(scores, choice, variant, range(len(pixels.array)), 0)
+
+    async def _failover(self, choice: Choice, received: float, attempt: Any) -> tuple[Any, str]:
+        assert self.settings is not None and self.split is not None
+        deadline = received + self.settings.inference_timeout_s
+        return await self.failover.run(choice, self.split, self.settings.failover, deadline, attempt)
+
+    async def _run_group(self, key: tuple[str, bool, bool], group: list[Waiter]) -> list[Outcome]:
+        started = time.perf_counter()
+        asks: list[_Ask] = [w.extra for w in group]
+        images = [img for w in group for img in w.images]
+        top_k = max(SHADOW_TOP_K, *(a.top_k for a in asks))
+        full = key[2]
+
+        async def attempt(variant: str, deadline: float, abort: asyncio.Event | None) -> tuple[Scores, Call]:
+            size = await self.input_size(variant)
+            # The deadline goes as wall-clock time: perf_counter means nothing in another process.
+            pixels = self.backend.preprocess(images, size, wall_deadline(deadline))
+            call = self.backend.classify(variant, pixels, top_k, full, None)
+            left = deadline - time.perf_counter()
+            return await self.failover.call(call, left, pixels, abort=abort, variant=variant), pixels
+
+        # The group's calls run until its newest request's deadline; an older one leaves at its own (classify).
+        (scores, pixels), variant = await self._failover(asks[0].choice, max(a.received for a in asks), attempt)
+        out, start = [], 0
+        for w, ask in zip(group, asks, strict=True):
+            n = len(w.images)
+            out.append(_outcome(scores, ask.choice, variant, range(start, start + n), ms(started - w.enqueued)))
+            start += n
+        assert self.settings is not None
+        if scores.positions:
+            try:  # the answers are ready: a shadow that cannot start must not fail them
+                self.shadow.maybe(scores, pixels, self.settings.shadow_fraction, self.settings.max_shadow_in_flight)
+            except Exception:
+                logger.exception("shadow run not started")
+        return out
+
+    # -- what the Classifiers say about themselves ----------------------------------
+
+    async def ask(self, call: Call, timeout_s: float) -> Any:
+        """A control call (describe, ready, the ledger) with a deadline; a lost replica is a 503 here too."""
+        try:
+            return await self.failover.call(call, timeout_s)
+        except ReplicaLost as e:
+            raise ServiceError("variant_unavailable" if e.unavailable else "replica_failed", str(e)) from None
+
+    async def spec(self, variant: str) -> dict[str, Any]:
+        """The model's input spec, read from the Classifier's session once, never assumed."""
+        if variant not in self._specs:
+            info = await self.ask(self.backend.describe(variant), 10.0)
+            self._specs[variant] = info["input"]
+        return self._specs[variant]
+
+    async def input_size(self, variant: str) -> int:
+        return int((await self.spec(variant))["size"][0])
+
+    def known_size(self, variant: str) -> int | None:
+        """The input size if known already (no call: a header check must not wait for one)."""
+        spec = self._specs.get(variant)
+        return int(spec["size"][0]) if spec else None
+
+    async def ready(self, variants: list[str]) -> dict[str, bool]:
+        states = await asyncio.gather(*(self.ask(self.backend.ready(v), 2.0) for v in variants), return_exceptions=True)
+        return {v: s is True for v, s in zip(variants, states, strict=True)}
+
+
+def _outcome(scores: Scores, choice: Choice, variant: str, positions: range, waited_ms: float) -> Outcome:
+    """The part of a group's Scores that belongs to the request whose images sit at `positions`."""
+    rows = {pos: row for row, pos in enumerate(scores.positions)}
+    mine = [p for p in positions if p in rows]
+    logits = scores.logits[[rows[p] for p in mine]] if scores.logits is not None else None
+    return Outcome(
+        variant=variant,
+        routing=choice.reason,
+        failed_over=variant != choice.variant,
+        top={p - positions.start: scores.top[rows[p]] for p in mine},
+        errors={p - positions.start: e for p, e in scores.errors.items() if p in positions},
+        preprocess_ms=scores.preprocess_ms,
+        queue_ms=round(scores.queue_ms + waited_ms, 3),  # waiting to be sent counts as queueing
+        inference_ms=scores.inference_ms,
+        batch_size=scores.batch_size,
+        logits=logits,
+    )
