@@ -43,7 +43,7 @@ bench: $(MODELS)    ## the peers and this app in one run: benchmarks/results/<da
 	$(PY) -m benchmarks.preprocess_bench
 	$(PY) -m benchmarks.engine_bench
 
-soak: $(MODELS)     ## 10 minutes at ~70% of capacity: memory per replica, errors, dashboard panels
+soak: $(MODELS)     ## 10 minutes at ~70% of capacity: memory per replica, errors, dashboard panels (needs `prometheus`)
 	$(PY) -m benchmarks.soak --start --minutes 10 --shadow-fraction 0.05
 
 k8s: $(STAMP)       ## re-render k8s/rayservice.yaml from configs/prod.yaml

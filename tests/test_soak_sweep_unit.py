@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any
@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 import yaml
 
-from benchmarks import dashboard
-from benchmarks.dashboard import PANELS, Query, distribution, evaluate, histogram_quantile, parse_prometheus
-from benchmarks.load import Sample
-from benchmarks.soak import Proc, app_config, memory_growth, process_label, raylet_above, serve_memory, window_stats
-from benchmarks.sweep import choose_knee, config_block, edited, needed_ongoing
+from app.panels import GRAFANA, PANELS, grafana_json
+from benchmarks import sweep
+from benchmarks.dashboard import legend, local_expr
+from benchmarks.procs import Proc, process_label, raylet_above, serve_memory
+from benchmarks.soak import app_config, memory_growth
+from benchmarks.sweep import choose_knee, config_block, edited
 
 REPO = Path(__file__).resolve().parent.parent
-GRAFANA = REPO / "k8s" / "monitoring" / "grafana-dashboard.json"
 # Ray Serve / Ray metrics the panels use, seen in a scrape of Ray 2.60's export (`serve run configs/local.yaml`).
 RAY_METRICS = {"ray_serve_deployment_replica_healthy", "ray_serve_autoscaling_target_replicas", "ray_component_rss_mb"}
 SERVE_TAGS = {"application", "deployment", "replica"}  # Serve adds these to every ray.serve.metrics series
@@ -45,10 +45,10 @@ def test_knee_is_the_lowest_p99_among_points_within_five_percent_of_the_best() -
     assert choose_knee(points, tolerance=0.0) == points[2]
 
 
-def test_knee_ignores_failed_skipped_and_unmeasured_points_and_breaks_ties_by_smaller_batch() -> None:
+def test_knee_ignores_failed_and_unmeasured_points_and_breaks_ties_by_smaller_batch() -> None:
     points = [
         point(32, 0.0, 200.0, 10.0, error_share=0.2),  # fast because it failed requests
-        point(64, 0.0, 0.0, 5.0, skipped="needs max_ongoing_requests 128"),
+        point(64, 0.0, 0.0, 5.0),  # nothing completed
         point(16, 0.005, 100.0, 80.0),
         point(8, 0.005, 100.0, 80.0),
         point(8, 0.002, 100.0, 80.0),
@@ -57,11 +57,6 @@ def test_knee_ignores_failed_skipped_and_unmeasured_points_and_breaks_ties_by_sm
     assert choose_knee(points) == points[4]
     assert choose_knee([]) is None
     assert choose_knee([point(8, 0.0, 10.0, 5.0, error_share=0.5)]) is None
-
-
-def test_batches_fill_only_with_enough_ongoing_requests() -> None:
-    assert needed_ongoing({"max_concurrent_batches": 2}, 32) == 64
-    assert needed_ongoing({}, 16) == 16  # ClassifierConfig's default: one batch at a time
 
 
 def test_config_block_is_yaml_for_the_deployments_list() -> None:
@@ -78,6 +73,56 @@ def test_config_block_is_yaml_for_the_deployments_list() -> None:
     }
     (entry,) = yaml.safe_load("\n".join(line[6:] for line in config_block("C", {"a": 1}, None, "x").splitlines()))
     assert "max_ongoing_requests" not in entry
+
+
+class FakeLive:
+    """sweep.LiveApp without Ray: a Classifier at max_ongoing_requests 32, two batches at a time."""
+
+    last: FakeLive
+
+    def __init__(self, url: str, ray_address: str | None, app: str, deployment: str) -> None:
+        self.ray_address, self.ongoing = "127.0.0.1:6379", 32
+        self.user_config = {"max_batch_size": 16, "batch_wait_timeout_s": 0.0, "max_concurrent_batches": 2}
+        self.deploys: list[tuple[int, int, bool]] = []
+        FakeLive.last = self
+
+    def replicas(self) -> list[tuple[str, int]]:
+        return [("r1", 11)]
+
+    def model(self, variant: str) -> dict[str, Any]:
+        return {"replica_id": "r1"}
+
+    def deploy(self, variant: str, uc: dict[str, Any], ongoing: int, restore: bool = False) -> dict[str, Any]:
+        self.deploys.append((uc["max_batch_size"], ongoing, restore))
+        return {"replica_id": "r1"}
+
+
+def test_sweep_raises_max_ongoing_first_measures_every_point_and_restores(monkeypatch: pytest.MonkeyPatch) -> None:
+    measured = {8: (100.0, 50.0), 32: (98.0, 40.0), 64: (90.0, 30.0)}  # max_batch_size -> (req/s, p99 ms)
+
+    async def closed_step(*args: Any) -> dict[str, Any]:
+        rps, p99 = measured[FakeLive.last.deploys[-1][0]]
+        lat = {"p50_ms": p99 / 2, "p99_ms": p99}
+        return {"throughput_rps": rps, "images_per_s": rps, "requests": 100, "errors": {}, "latency_ms": lat} | {
+            "median_batch_size": 4, "variants": {"fp32": 100}
+        }  # fmt: skip
+
+    monkeypatch.setattr(sweep, "LiveApp", FakeLive)
+    monkeypatch.setattr(sweep, "closed_step", closed_step)
+    monkeypatch.setattr(sweep, "print_environment", lambda: {"cpu_model": "x", "usable_cpus": 2})
+    args = argparse.Namespace(
+        url="http://127.0.0.1:8200/v1/classify", config=REPO / "configs" / "local.yaml", ray_address=None,
+        variant="fp32", batch_sizes=[8, 32, 64], waits=[0.0], concurrency=8, duration=1.0, warmup=0.0,
+    )  # fmt: skip
+    result = sweep.run_sweep(args)
+    # 8 x 2 batches fit in 32; 32 x 2 and 64 x 2 need 64 and 128, deployed first with the baseline batching
+    expected = [(8, 32, False), (16, 64, False), (32, 64, False), (16, 128, False), (64, 128, False), (16, 32, True)]
+    assert FakeLive.last.deploys == expected
+    assert [p["max_ongoing"] for p in result["points"]] == [32, 64, 128]
+    assert result["knee"]["max_batch_size"] == 32 and not result["restarted_during_sweep"]
+    assert "| 64 | 0 | 90.0 | 15.0 | 30.0 | - |" in sweep.table(result)
+    block = sweep.knee_block(result)
+    assert "knee: max_batch_size=32 batch_wait_timeout_s=0.0" in block and "max_ongoing_requests: 64" in block
 
 
 def test_edited_config_changes_only_the_classifier_and_leaves_the_original_alone() -> None:
@@ -129,24 +174,6 @@ def test_memory_growth_of_a_short_run_uses_a_third_at_each_end_and_stops_at_the_
     assert out["edge_s"] == pytest.approx(10.0)
     assert out["processes"]["p[1]"]["first_mb"] == pytest.approx(10.5)  # t = 0, 10
     assert out["processes"]["p[1]"]["last_mb"] == pytest.approx(12.5)  # t = 20, 30
-    assert memory_growth([], 60.0) == {"edge_s": 0.0, "processes": {}}
-
-
-def test_window_stats_count_by_due_time_and_completions_by_end_time() -> None:
-    samples = [
-        Sample(0.5, 0.010, 200, 1),
-        Sample(1.0, 0.030, 200, 1),
-        Sample(4.9, 0.200, 200, 1),  # due in window 0, completes in window 1
-        Sample(6.0, 0.0, 503, 1),
-        Sample(7.0, 0.0, "timeout", 1),
-    ]
-    w = window_stats(samples, 5.0, 10.0)
-    assert [x["t"] for x in w] == [5.0, 10.0]
-    assert (w[0]["requests"], w[0]["ok"], w[0]["errors"]) == (3, 3, {})
-    assert w[0]["p50_ms"] == pytest.approx(30.0)
-    assert w[0]["completed_rps"] == pytest.approx(2 / 5)
-    assert (w[1]["requests"], w[1]["ok"], w[1]["errors"]) == (2, 0, {"503": 1, "timeout": 1})
-    assert w[1]["p99_ms"] is None and w[1]["completed_rps"] == pytest.approx(1 / 5)
 
 
 def test_process_labels_and_memory_under_one_raylet() -> None:
@@ -180,199 +207,6 @@ def test_app_config_changes_only_the_port_and_shadow_fraction() -> None:
     )["user_config"]["shadow_fraction"]
     cfg["http_options"]["port"] = orig["http_options"]["port"]
     assert cfg == orig
-
-
-# --------------------------------------------------------------------------- Prometheus maths
-
-
-def test_histogram_quantile_matches_prometheus_on_known_buckets() -> None:
-    # 10 observations <= 1, 40 more <= 2, 50 more <= 4: rank(0.5) = 50 sits at the top of (1, 2].
-    buckets = [(1.0, 10.0), (2.0, 50.0), (4.0, 100.0), (math.inf, 100.0)]
-    assert histogram_quantile(0.5, buckets) == pytest.approx(2.0)
-    assert histogram_quantile(0.3, buckets) == pytest.approx(1.0 + (30 - 10) / 40)  # 1.5
-    assert histogram_quantile(0.99, buckets) == pytest.approx(2.0 + 2.0 * (99 - 50) / 50)  # 3.96
-    assert histogram_quantile(0.05, buckets) == pytest.approx(0.5)  # first bucket: from 0 to 1
-    assert histogram_quantile(0.5, list(reversed(buckets))) == pytest.approx(2.0)  # order does not matter
-    # observations above the last finite bound: Prometheus answers that bound
-    assert histogram_quantile(0.99, [(1.0, 1.0), (2.0, 2.0), (math.inf, 10.0)]) == 2.0
-    assert histogram_quantile(0.5, [(1.0, 0.0), (math.inf, 0.0)]) is None  # no observations: no value
-    assert histogram_quantile(0.5, [(1.0, 3.0), (2.0, 4.0)]) is None  # no +Inf bucket
-    assert histogram_quantile(1.5, buckets) == math.inf and histogram_quantile(-1, buckets) == -math.inf
-    # scrape skew (a lower bucket read higher than the next): made monotonic as Prometheus does
-    # -> counts 6, 6, 10: rank 5 falls in the first bucket
-    assert histogram_quantile(0.5, [(1.0, 6.0), (2.0, 5.0), (math.inf, 10.0)]) == pytest.approx(5 / 6)
-
-
-def hist_scrape(t: float, counts: dict[str, float], variant: str = "fp32") -> dict[str, Any]:
-    """One scrape of ray_app_stage_latency_ms for stage=total with cumulative bucket counts."""
-    samples = [
-        [
-            "ray_app_stage_latency_ms_bucket",
-            {"application": "classifier", "stage": "total", "variant": variant, "le": le},
-            c,
-        ]
-        for le, c in counts.items()
-    ]
-    return {"t": t, "samples": samples}
-
-
-def test_quantile_panel_from_scrapes_uses_the_increase_inside_the_window() -> None:
-    # Before the window: 100 fast observations (<= 10 ms). Inside it: 100 more, all in (50, 100].
-    scrapes = [
-        hist_scrape(0.0, {"10.0": 100, "50.0": 100, "100.0": 100, "+Inf": 100}),
-        hist_scrape(100.0, {"10.0": 100, "50.0": 100, "100.0": 100, "+Inf": 100}),
-        hist_scrape(200.0, {"10.0": 100, "50.0": 100, "100.0": 150, "+Inf": 150}),
-        hist_scrape(300.0, {"10.0": 100, "50.0": 100, "100.0": 200, "+Inf": 200}),
-    ]
-    q = Query("quantile", "ray_app_stage_latency_ms", ("stage", "variant"), "{{variant}} {{stage}}", window="5m", q=0.5)
-    out = evaluate(q, scrapes)
-    assert list(out) == ["fp32 total"]
-    by_t = dict(out["fp32 total"])
-    assert 0.0 not in by_t and 100.0 not in by_t  # no observations inside the window yet: no value
-    assert by_t[300.0] == pytest.approx(75.0)  # the window (0, 300] holds only the 100 slow ones: median 75
-    # A one-minute window at t=300 sees t=300 alone (scrapes 100 s apart): one point, no rate, no value.
-    assert evaluate(Query("quantile", q.metric, q.by, q.legend, window="1m", q=0.5), scrapes) == {}
-
-
-def counter(t: float, value: float, status: str = "200", variant: str = "int8") -> dict[str, Any]:
-    labels = {"application": "classifier", "variant": variant, "status": status, "endpoint": "/v1/classify"}
-    return {"t": t, "samples": [["ray_app_requests_total", labels, value]]}
-
-
-def test_rate_sums_series_and_survives_a_counter_reset() -> None:
-    scrapes = [counter(0, 100), counter(10, 150), counter(20, 20), counter(30, 70)]  # reset between 10 and 20
-    q = Query("rate", "ray_app_requests_total", ("variant",), "{{variant}}", (dashboard.APP, dashboard.VARIANT))
-    # (50 + 20 + 50) / 30 s: after a reset the new value is all increase, as in PromQL
-    assert dict(evaluate(q, scrapes)["int8"])[30] == pytest.approx(4.0)
-    # a failed scrape is a gap, not zeros
-    scrapes.insert(2, {"t": 15, "samples": [], "error": "ConnectError"})
-    assert 15 not in dict(evaluate(q, scrapes)["int8"])
-    # the variant variable filters like Grafana's $variant
-    other = [counter(0, 0, variant="fp32"), counter(10, 10, variant="fp32")]
-    assert set(evaluate(q, scrapes + other, {"variant": "fp32"})) == {"fp32"}
-
-
-def test_ratio_panel_is_agree_over_agree_plus_disagree() -> None:
-    def shadow(t: float, agree: float, disagree: float, dropped: float) -> dict[str, Any]:
-        s = [
-            ["ray_app_shadow_total", {"application": "a", "pair": "fp32|int8", "outcome": o}, v]
-            for o, v in (("agree", agree), ("disagree", disagree), ("dropped", dropped))
-        ]
-        return {"t": t, "samples": s}
-
-    panel = next(p for p in PANELS if p.title.startswith("Shadow agreement"))
-    out = evaluate(panel.queries[0], [shadow(0, 0, 0, 0), shadow(60, 90, 10, 500)])
-    assert out == {"fp32|int8": [(60, pytest.approx(0.9))]}  # dropped shadows are not comparisons
-
-
-def test_distribution_is_the_share_of_batches_per_bucket_over_the_range() -> None:
-    def batches(t: float, c: list[float]) -> dict[str, Any]:
-        les = ["1.0", "2.0", "4.0", "+Inf"]
-        return {
-            "t": t,
-            "samples": [
-                ["ray_app_batch_size_bucket", {"application": "a", "variant": "int8", "le": le}, v]
-                for le, v in zip(les, c, strict=True)
-            ],
-        }
-
-    panel = next(p for p in PANELS if p.kind == "share")
-    shares = distribution(panel.queries[0], [batches(0, [5, 5, 5, 5]), batches(60, [15, 35, 45, 45])])
-    assert shares == {"int8": [(1.0, 0.25), (2.0, 0.5), (4.0, 0.25), (math.inf, 0.0)]}
-
-
-def test_gauge_panels_sum_the_series_present_in_each_scrape_and_relabel_process_titles() -> None:
-    def mem(t: float, values: dict[str, float]) -> dict[str, Any]:
-        return {
-            "t": t,
-            "samples": [["ray_component_rss_mb", {"Component": c, "ip": "10.0.0.1"}, v] for c, v in values.items()],
-        }
-
-    panel = next(p for p in PANELS if "memory" in p.title)
-    scrapes = [
-        mem(0, {"ray::ServeReplica:classifier:Router": 200.0, "ray::ServeReplica:classifier:Router.handle": 0.0}),
-        mem(5, {"ray::ServeReplica:classifier:Router": 0.0, "ray::ServeReplica:classifier:Router.handle": 210.0}),
-        mem(10, {"ray::DashboardAgent": 150.0}),
-    ]
-    assert evaluate(panel.queries[0], scrapes) == {"Router 10.0.0.1": [(0, 200.0), (5, 210.0)]}
-
-
-def test_parse_prometheus_text() -> None:
-    text = "\n".join(
-        [
-            "# HELP ray_app_requests_total HTTP requests",
-            "# TYPE ray_app_requests_total counter",
-            'ray_app_requests_total{Component="core_worker",WorkerId="abc",application="classifier",'
-            'endpoint="/v1/classify",status="200",variant="fp32"} 7.0',
-            'ray_app_errors_total{code="say \\"hi\\"",endpoint="/v1/classify"} 2',
-            'ray_component_rss_mb{Component="ray::ServeReplica:classifier:Router",ip="10.0.0.1",pid=""} 245.7',
-            "ray_serve_deployment_replica_healthy 1 1700000000000",
-            'python_gc_objects_collected_total{generation="0"} 5',
-            "garbage line",
-        ]
-    )
-    keep = {
-        "ray_app_requests_total",
-        "ray_app_errors_total",
-        "ray_component_rss_mb",
-        "ray_serve_deployment_replica_healthy",
-    }
-    out = parse_prometheus(text, keep)
-    assert out[0] == (
-        "ray_app_requests_total",
-        {"application": "classifier", "endpoint": "/v1/classify", "status": "200", "variant": "fp32"},
-        7.0,
-    )
-    assert out[1][1]["code"] == 'say \\"hi\\"'
-    assert out[2][1]["Component"] == "ray::ServeReplica:classifier:Router"  # kept where it is the process title
-    assert out[3] == ("ray_serve_deployment_replica_healthy", {}, 1.0)
-    assert len(out) == 4
-
-
-def test_every_panel_renders_from_a_small_synthetic_scrape_file(tmp_path: Path) -> None:
-    scrapes = []
-    for i, t in enumerate(range(1000, 1100, 5)):
-        n = float(i * 10)
-        s: list[list[Any]] = [
-            ["ray_app_requests_total", {"application": "classifier", "variant": v, "status": "200"}, n]
-            for v in ("fp32", "int8")
-        ]
-        s.append(["ray_app_requests_total", {"application": "classifier", "variant": "int8", "status": "503"}, i])
-        s.append(["ray_app_errors_total", {"application": "classifier", "code": "overloaded"}, float(i)])
-        for stage in ("receive", "total"):
-            for le, share in (("5.0", 0.2), ("50.0", 0.9), ("+Inf", 1.0)):
-                labels = {"application": "classifier", "stage": stage, "variant": "fp32", "le": le}
-                s.append(["ray_app_stage_latency_ms_bucket", labels, n * share])
-        for le, share in (("1.0", 0.5), ("2.0", 0.7), ("4.0", 1.0), ("+Inf", 1.0)):
-            s.append(
-                ["ray_app_batch_size_bucket", {"application": "classifier", "variant": "fp32", "le": le}, n * share]
-            )
-        s.append(["ray_app_batch_size_sum", {"application": "classifier", "variant": "fp32"}, n * 1.8])
-        s.append(["ray_app_batch_size_count", {"application": "classifier", "variant": "fp32"}, n])
-        for outcome, share in (("agree", 0.9), ("disagree", 0.1)):
-            s.append(
-                [
-                    "ray_app_shadow_total",
-                    {"application": "classifier", "pair": "fp32|int8", "outcome": outcome},
-                    n * share,
-                ]
-            )
-        s.append(["ray_serve_deployment_replica_healthy", {"application": "classifier", "deployment": "Router"}, 1.0])
-        s.append(["ray_serve_autoscaling_target_replicas", {"application": "classifier", "deployment": "Router"}, 1.0])
-        s.append(["ray_component_rss_mb", {"Component": "ray::ServeReplica:classifier:Router", "ip": "h"}, 200 + i])
-        scrapes.append({"t": float(t), "samples": s})
-    path = dashboard.write_scrapes(tmp_path / "soak-x-scrapes.json", scrapes, "synthetic")
-    result = tmp_path / "soak-x.json"  # a soak result names its scrape file; rendering from either works
-    result.write_text(json.dumps({"title": "soak x", "scrapes_file": path.name}))
-    assert dashboard.load_scrapes(result) == (scrapes, "soak x")
-    assert dashboard.load_scrapes(path) == (scrapes, "synthetic")
-    for panel in PANELS:  # every panel has data in this file
-        for query in panel.queries:
-            got = distribution(query, scrapes) if query.kind == "share" else evaluate(query, scrapes)
-            assert got, (panel.title, query.promql())
-    out = tmp_path / "panels.png"
-    assert dashboard.main(["--render", str(result), "--out", str(out)]) == 0
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
 
 
 # --------------------------------------------------------------------------- the Grafana dashboard
@@ -409,8 +243,8 @@ def exported_names() -> dict[str, set[str]]:
 
 
 def test_the_committed_dashboard_is_generated_from_panels() -> None:
-    assert GRAFANA.read_text() == dashboard.grafana_json(), (
-        "k8s/monitoring/grafana-dashboard.json is stale: python -m benchmarks.dashboard --grafana " + str(GRAFANA)
+    assert GRAFANA.read_text() == grafana_json(), (
+        "k8s/monitoring/grafana-dashboard.json is stale: python -m app.panels --write"
     )
 
 
@@ -465,13 +299,15 @@ def test_every_promql_names_only_metrics_the_app_or_ray_serve_exports() -> None:
         assert needle in joined, needle
 
 
-def test_local_renderer_and_grafana_use_the_same_windows() -> None:
+def test_the_soak_queries_the_grafana_expressions_with_the_variables_filled_in() -> None:
     doc = json.loads(GRAFANA.read_text())
-    exprs = {t["expr"] for p in doc["panels"] for t in p["targets"]}
-    assert exprs == {q.promql() for p in PANELS for q in p.queries}
-    for p in PANELS:
-        for q in p.queries:
-            if q.kind not in ("share", "gauge"):
-                assert f"[{q.window}]" in q.promql()
-                assert dashboard.window_seconds(q.window) in (60.0, 300.0)
-    assert dashboard.metric_names() <= set(exported_names()) | RAY_METRICS
+    exprs = [t["expr"] for p in doc["panels"] for t in p["targets"]]
+    assert exprs == [t.expr for p in PANELS for t in p.targets]
+    for expr in exprs:
+        local = local_expr(expr, 600.4)
+        assert not re.search(r"\$(?!1\b)", local), local  # only label_replace's $1 is left
+        assert local.count("(") == expr.count("(")
+    share = next(t.expr for p in PANELS if p.share for t in p.targets)
+    assert "[601s]" in local_expr(share, 600.4) and '{application=~".*", variant=~".*"}' in local_expr(share, 1)
+    assert legend("{{variant}} {{ status }}", {"variant": "int8", "status": "503"}) == "int8 503"
+    assert legend("", {"variant": "fp32"}) == "fp32"
