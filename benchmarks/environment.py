@@ -1,7 +1,5 @@
-"""What a benchmark ran on: printed first and stored beside every result.
-
-Versions come from package metadata, so describing the environment imports neither Ray nor ONNX Runtime.
-"""
+"""What a benchmark ran on, printed first and stored beside every result. Versions come from package metadata,
+so describing the environment imports neither Ray nor ONNX Runtime."""
 
 from __future__ import annotations
 
@@ -15,70 +13,23 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from benchmarks.device import nvidia_smi
 
-PACKAGES = (
-    "ray",
-    "onnxruntime-gpu",
-    "onnxruntime",
-    "numpy",
-    "opencv-python-headless",
-    "opencv-python",
-    "fastapi",
-    "uvicorn",
-    "aiohttp",
-)
+PACKAGES = "ray onnxruntime-gpu onnxruntime openvino numpy opencv-python-headless fastapi uvicorn".split()  # noqa: SIM905
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    found = re.search(r"^model name\s*:\s*(.+)$", cpuinfo.read_text(), re.M) if cpuinfo.is_file() else None
+    return found[1].strip() if found else platform.processor() or platform.machine()
 
 
 def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def memory_total_mb() -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
-def load_average() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
-def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
-    out = {}
-    for name in names:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
-
-
-def gpus() -> list[str]:
-    """GPU names and memory from nvidia-smi, [] when there is none (or no driver)."""
-    rows = nvidia_smi("--query-gpu=name,memory.total,driver_version")
-    return [f"{name}, {mem} MiB, driver {driver}" for name, mem, driver in (r for r in rows or [] if len(r) == 3)]
+    """The cores this process may run on (its affinity), not the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else psutil.cpu_count() or 1
 
 
 def host_name() -> str:
@@ -92,35 +43,36 @@ def stamp(now: datetime | None = None) -> str:
 
 
 def describe_environment() -> dict[str, Any]:
+    installed = {d.metadata["Name"].lower(): d.version for d in metadata.distributions()}
+    versions = {name: installed[name] for name in PACKAGES if name in installed}
+    gpus = [row for row in nvidia_smi("--query-gpu=name,memory.total,driver_version") or [] if len(row) == 3]
     return {
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "cpu_model": cpu_model(),
-        "logical_cpus": os.cpu_count(),
+        "logical_cpus": psutil.cpu_count(),
         "usable_cpus": usable_cores(),
-        "memory_total_mb": memory_total_mb(),
-        "load_average_1_5_15": load_average(),
-        "gpus": gpus(),
-        "packages": package_versions(),
+        "memory_total_mb": psutil.virtual_memory().total / 2**20,
+        "load_average_1_5_15": [round(x, 2) for x in psutil.getloadavg()],
+        "gpus": [f"{name}, {mem} MiB, driver {driver}" for name, mem, driver in gpus],
+        "packages": versions,
     }
 
 
 def format_environment(env: dict[str, Any]) -> str:
-    pkgs = ", ".join(f"{k} {v}" for k, v in env["packages"].items())
     mem = f"{env['memory_total_mb'] / 1024:.1f} GiB" if env.get("memory_total_mb") else "?"
-    lines = [
-        f"host      {env['host']}  ({env['platform']}, Python {env['python']})",
-        f"cpu       {env['cpu_model']}: {env['usable_cpus']} usable of {env['logical_cpus']} logical, {mem} RAM",
-        f"load avg  {env['load_average_1_5_15']}  (other work on this machine makes the numbers noisier)",
-        f"gpu       {'; '.join(env['gpus']) or 'none'}",
-        f"packages  {pkgs}",
-    ]
-    return "\n".join(lines)
+    return (
+        f"host      {env['host']}  ({env['platform']}, Python {env['python']})\n"
+        f"cpu       {env['cpu_model']}: {env['usable_cpus']} usable of {env['logical_cpus']} logical, {mem} RAM\n"
+        f"load avg  {env['load_average_1_5_15']}  (other work on this machine makes the numbers noisier)\n"
+        f"gpu       {'; '.join(env['gpus']) or 'none'}\n"
+        f"packages  {', '.join(f'{k} {v}' for k, v in env['packages'].items())}"
+    )
 
 
-def print_environment(env: dict[str, Any] | None = None) -> dict[str, Any]:
-    env = env or describe_environment()
+def print_environment() -> dict[str, Any]:
+    env = describe_environment()
     print(format_environment(env), flush=True)
     return env

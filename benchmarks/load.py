@@ -1,50 +1,51 @@
-"""An asyncio HTTP load generator for the classify contract, loopback targets only.
+"""The HTTP load generator for the classify contract (v1 single and batch, V2 infer), loopback targets only.
 
-Two modes, both bounded in requests and in time so a run always ends by itself:
-
-- closed loop: a sweep over concurrency levels; at each level C workers send back to back (a new
-  request as soon as the previous one returns) for warm-up + duration seconds or a request cap;
-- open loop: Poisson arrivals at a fixed rate, each request launched on schedule whatever the
-  responses are doing; latency is counted from the scheduled time, so a slow server cannot hide
-  its queueing (no coordinated omission).
-
-Requests cycle through a fixed corpus of JPEGs (benchmarks.corpus). Warm-up requests are dropped.
-
-    python -m benchmarks.load --url http://127.0.0.1:8000/v1/classify --concurrency 1,4,16 --duration 5
-    python -m benchmarks.load --mode open --rate 20 --duration 10 --variant int8
-    python -m benchmarks.load --images-per-request 16 --concurrency 8      # POST /v1/classify/batch
+One loop (`drive`), bounded in requests and in time, closed (C requests in flight, the next sent as soon as one
+returns: `closed_step`) or open (Poisson arrivals sent on schedule whatever the responses are doing, latency from
+the scheduled time: no coordinated omission; `open_run`). run.py's closed-loop steps run in wrk (`wrk_step`: a
+fraction of this client's CPU), the same payloads sent by benchmarks/wrk.lua. Requests cycle through a fixed
+corpus of JPEGs (benchmarks.corpus); warm-up requests are dropped. Used by run.py, soak.py and sweep.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import contextlib
+import functools
 import ipaddress
+import itertools
 import json
-import os
+import math
 import random
-import resource
+import re
 import socket
+import struct
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
-from tqdm import tqdm
 
-from benchmarks import multipart
-from benchmarks.corpus import SIZES, CorpusImage, build_corpus, parse_sizes
-from benchmarks.environment import RESULTS_DIR, host_name, load_average, print_environment, stamp
-from benchmarks.report import steps_table, write_json
-from benchmarks.stats import latency_summary, median
+from app import v2
+from app.models import MODEL_NAME
+from benchmarks.corpus import SIZES, CorpusImage, build_corpus
+from benchmarks.report import fmt
+from benchmarks.stats import PERCENTILES, latency_summary, median
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1/classify"
-CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+BOUNDARY = "benchmark-boundary-7d3c1f0e9a"
+WRK_LUA = Path(__file__).with_name("wrk.lua")
+Payload = tuple[bytes, dict[str, str]]  # a request's body and headers (Content-Type; V2: the JSON header's length)
+BATCH_SIZE, VARIANT = re.compile(rb'"batch_size":\s*(\d+)'), re.compile(rb'"variant":\s*"([^"]*)"')
+MAX_INFLIGHT = 512  # the open loop's own bound: past it a due request is not sent but counted (client_overflow)
 
 
 class NonLoopbackURL(ValueError):
@@ -62,63 +63,71 @@ def require_loopback(url: str) -> str:
     except ValueError:
         if host.lower() != "localhost":  # never resolve other names: DNS may point anywhere
             raise NonLoopbackURL(f"refusing {host!r}: only loopback targets (127.0.0.0/8, ::1, localhost)") from None
-        addresses = {ipaddress.ip_address(a[4][0].split("%")[0]) for a in socket.getaddrinfo(host, parts.port)}
+        addresses = {ipaddress.ip_address(str(a[4][0]).split("%")[0]) for a in socket.getaddrinfo(host, parts.port)}
     if not addresses or not all(a.is_loopback for a in addresses):
         raise NonLoopbackURL(f"refusing {url!r}: {host} is not a loopback address")
     return url
 
 
-def batch_url(url: str) -> str:
-    """The multi-image endpoint beside a /v1/classify URL."""
-    parts = urlsplit(url)
-    path = parts.path.rstrip("/")
-    return parts._replace(path=path if path.endswith("/batch") else path + "/batch").geturl()
+def multipart_body(images: Iterable[CorpusImage], boundary: str = BOUNDARY) -> Payload:
+    """The app's batch request: a multipart/form-data body with one `file` part per image, and its headers."""
+    head = '--{}\r\nContent-Disposition: form-data; name="file"; filename="{}.jpg"\r\nContent-Type: {}\r\n\r\n'
+    parts = b"".join(head.format(boundary, im.name, im.content_type).encode() + im.data + b"\r\n" for im in images)
+    return parts + f"--{boundary}--\r\n".encode(), {"Content-Type": f"multipart/form-data; boundary={boundary}"}
 
 
-@dataclass(frozen=True)
-class Payload:
-    body: bytes
-    content_type: str
-    images: int
+def v2_request(image: bytes, top_k: int = 5) -> Payload:
+    """(body, headers) of a V2 binary inference request: `image` the one element of the BYTES input, top-k out."""
+    tensor = {"name": v2.IMAGE_BYTES_INPUT, "datatype": "BYTES", "shape": [1], "parameters": {}}
+    tensor["parameters"] = {"binary_data_size": 4 + len(image)}
+    out = {"name": v2.TOP_K, "parameters": {"classification": top_k}}
+    header = json.dumps({"inputs": [tensor], "outputs": [out]}, separators=(",", ":")).encode()
+    headers = {"Content-Type": v2.BINARY_CONTENT_TYPE, v2.HEADER_LENGTH: str(len(header))}
+    return header + struct.pack("<I", len(image)) + image, headers
 
 
-def build_payloads(
-    corpus: Sequence[CorpusImage], images_per_request: int, multipart_single: bool = False
-) -> list[Payload]:
+@functools.lru_cache(maxsize=4)  # the same bodies whatever the target and variant: built once per process
+def build_payloads(corpus: tuple[CorpusImage, ...], per_request: int, protocol: str = "v1") -> tuple[Payload, ...]:
     """One payload per corpus image (the i-th takes images i, i+1, ... cyclically), encoded once up front."""
-    if images_per_request < 1:
-        raise ValueError(f"images_per_request must be at least 1, got {images_per_request}")
+    if per_request < 1 or (protocol == "v2" and per_request > 1):
+        raise ValueError(f"cannot send {per_request} images per {protocol} request")
     payloads = []
     for i in range(len(corpus)):
-        ims = [corpus[(i + j) % len(corpus)] for j in range(images_per_request)]
-        if images_per_request == 1 and not multipart_single:
-            payloads.append(Payload(ims[0].data, ims[0].content_type, 1))
+        ims = [corpus[(i + j) % len(corpus)] for j in range(per_request)]
+        if protocol == "v2":
+            payloads.append(v2_request(ims[0].data))
+        elif per_request == 1:
+            payloads.append((ims[0].data, {"Content-Type": ims[0].content_type}))
         else:
-            body, ctype = multipart.encode([(f"{im.name}.jpg", im.data, im.content_type) for im in ims])
-            payloads.append(Payload(body, ctype, len(ims)))
-    return payloads
+            payloads.append(multipart_body(ims))
+    return tuple(payloads)
 
 
 @dataclass(frozen=True)
 class Workload:
     """What each request of a run looks like."""
 
-    url: str = DEFAULT_URL
-    variant: str | None = None  # sent as X-Model-Variant when set
-    images_per_request: int = 1
-    multipart_single: bool = False
+    url: str = DEFAULT_URL  # /v1/classify; the batch and V2 endpoints are beside it
+    variant: str | None = None  # v1: sent as X-Model-Variant when set; v2: the model name's suffix
+    images_per_request: int = 1  # more than one: POST /v1/classify/batch
     timeout_s: float = 30.0
     sizes: tuple[tuple[int, int], ...] = SIZES
+    protocol: str = "v1"  # or "v2": POST /v2/models/<model>/infer, one image per request
 
     @property
     def target(self) -> str:
-        return batch_url(self.url) if self.images_per_request > 1 else self.url
+        path = urlsplit(self.url).path.rstrip("/")
+        if self.protocol == "v2":
+            path = f"/v2/models/{v2.model_name_for(MODEL_NAME, self.variant)}/infer"
+        elif self.images_per_request > 1:
+            path += "/batch"
+        return urlsplit(self.url)._replace(path=path).geturl()
 
     def headers(self) -> dict[str, str]:
-        return {"X-Model-Variant": self.variant} if self.variant else {}
+        return {"X-Model-Variant": self.variant} if self.variant and self.protocol == "v1" else {}
 
-    def payloads(self) -> list[Payload]:
-        return build_payloads(build_corpus(self.sizes), self.images_per_request, self.multipart_single)
+    def payloads(self) -> tuple[Payload, ...]:
+        return build_payloads(build_corpus(self.sizes), self.images_per_request, self.protocol)
 
 
 @dataclass
@@ -128,345 +137,166 @@ class Sample:
     due: float
     latency_s: float
     status: int | str
-    images: int
     variant: str | None = None
     batch_sizes: list[int] = field(default_factory=list)
 
-    @property
-    def ok(self) -> bool:
-        return self.status == 200
-
-    @property
-    def end(self) -> float:
-        return self.due + self.latency_s
-
 
 def read_reply(status: int, headers: Any, body: bytes) -> tuple[str | None, list[int]]:
-    """The variant that served a reply (header first, then body) and the model batch sizes it reports."""
-    variant = headers.get("X-Model-Variant")
-    if status != 200:
-        return variant, []
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return variant, []
-    if not isinstance(doc, dict):
-        return variant, []
-    entries = doc.get("results") if isinstance(doc.get("results"), list) else [doc]
-    sizes = []
-    for entry in entries:
-        size = (entry.get("timings_ms") or {}).get("batch_size") if isinstance(entry, dict) else None
-        if isinstance(size, int | float):
-            sizes.append(int(size))
-    return variant or doc.get("variant"), sizes
+    """The variant that served a reply (header first, then body) and the model batch sizes it reports, found as
+    benchmarks/wrk.lua finds them (no JSON parsing on the client's loop)."""
+    found = VARIANT.search(body) if status == 200 else None
+    variant = headers.get("X-Model-Variant") or (found[1].decode() if found else None)
+    return variant, [int(n) for n in BATCH_SIZE.findall(body)] if status == 200 else []
 
 
-async def send(
-    session: aiohttp.ClientSession, workload: Workload, payload: Payload, due: float, clock0: float
-) -> Sample:
-    """POST one payload; latency runs from `due` (an absolute perf_counter time) to the last byte read."""
-    headers = {"Content-Type": payload.content_type, **workload.headers()}
-    try:
-        async with session.post(workload.target, data=payload.body, headers=headers) as resp:
-            body = await resp.read()
-            status: int | str = resp.status
-            variant, sizes = read_reply(resp.status, resp.headers, body)
-    except asyncio.TimeoutError:
-        status, variant, sizes = "timeout", None, []
-    except aiohttp.ClientError as e:
-        status, variant, sizes = type(e).__name__, None, []
-    return Sample(due - clock0, time.perf_counter() - due, status, payload.images, variant, sizes)
+async def drive(
+    workload: Workload, slots: int, schedule: list[float] | None = None, until_s: float = math.inf, cap: int = -1
+) -> tuple[list[Sample], float]:
+    """The load loop. `schedule` None, closed: a request as soon as one of `slots` frees, until `until_s` s or
+    `cap` requests. Else open: a request at each offset (s) of `schedule`, or, when every slot is taken, none
+    (a `client_overflow` error: the client's own bound, never silent). The samples, and when (s) the last was sent."""
+    samples, last_launch, payloads, free = list[Sample](), 0.0, workload.payloads(), asyncio.Semaphore(slots)
+    clock0, timeout = time.perf_counter(), aiohttp.ClientTimeout(total=workload.timeout_s)
+
+    async def one(session: aiohttp.ClientSession, payload: Payload, due: float) -> None:
+        """POST one payload; latency runs from `due` (an absolute perf_counter time) to the last byte read."""
+        status: int | str
+        variant, sizes, (body, headers) = None, list[int](), payload
+        try:
+            async with session.post(workload.target, data=body, headers={**headers, **workload.headers()}) as r:
+                status, (variant, sizes) = r.status, read_reply(r.status, r.headers, await r.read())
+        except asyncio.TimeoutError:
+            status = "timeout"
+        except aiohttp.ClientError as e:
+            status = type(e).__name__
+        finally:
+            free.release()
+        samples.append(Sample(due - clock0, time.perf_counter() - due, status, variant, sizes))
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=slots), timeout=timeout) as session:
+        tasks = []
+        for i, offset in enumerate(itertools.repeat(None) if schedule is None else schedule):
+            if offset is None:
+                await free.acquire()
+                if time.perf_counter() - clock0 >= until_s or i == cap:
+                    break
+            else:
+                await asyncio.sleep(clock0 + offset - time.perf_counter())  # the schedule, not a wait for anything
+                if free.locked():
+                    samples.append(Sample(offset, 0.0, "client_overflow"))
+                    continue
+                await free.acquire()
+            due = clock0 + offset if offset is not None else time.perf_counter()
+            last_launch = due - clock0
+            tasks.append(asyncio.create_task(one(session, payloads[i % len(payloads)], due)))
+        await asyncio.gather(*tasks)
+    return samples, last_launch
 
 
-def _session(workload: Workload, connections: int) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=connections, limit_per_host=connections, force_close=False)
-    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=workload.timeout_s))
+def _step(
+    wl: Workload, span: float, done: int, errors: Counter[str], variants: Counter[str], sizes: list[int], **more: Any
+) -> dict[str, Any]:
+    """A step as run.py, soak.py and sweep.py read it: what was sent, the throughput (`done` successes over `span`
+    s), the errors by status, the variants that served, the median batch size and `more` (mode, concurrency or rate,
+    requests, ok, latency_ms)."""
+    rps = done / span if span > 0 else None
+    per_s = None if rps is None else rps * wl.images_per_request
+    step = {"url": wl.target, "variant": wl.variant, "images_per_request": wl.images_per_request, **more}
+    step |= {"window_s": round(span, 3), "throughput_rps": rps, "images_per_s": per_s}
+    step |= {"errors": dict(sorted(errors.items())), "variants": dict(sorted(variants.items()))}
+    return step | {"median_batch_size": median(sizes)}
 
 
-def _cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def summarize(samples: Sequence[Sample], window: tuple[float, float], dropped: int) -> dict[str, Any]:
-    """Per-step figures from the requests due inside the measurement window (warm-up already excluded)."""
+def summarize(wl: Workload, samples: Sequence[Sample], window: tuple[float, float], **head: Any) -> dict[str, Any]:
+    """Figures of the requests due inside the measurement window (warm-up excluded); throughput counts the
+    successes that ended inside it, latency the successes."""
     start, end = window
     measured = [s for s in samples if start <= s.due <= end]
-    ok = [s for s in measured if s.ok]
-    span = end - start
-    done_in_window = [s for s in samples if s.ok and start <= s.end <= end]
-    rps = len(done_in_window) / span if span > 0 else None
-    ips = sum(s.images for s in done_in_window) / span if span > 0 else None
-    batch_sizes = [b for s in ok for b in s.batch_sizes]
-    return {
-        "window_s": round(span, 3),
-        "requests": len(measured),
-        "ok": len(ok),
-        "warmup_dropped": dropped,
-        "throughput_rps": rps,
-        "images_per_s": ips,
-        "latency_ms": latency_summary([s.latency_s for s in ok]),
-        "errors": dict(sorted(Counter(str(s.status) for s in measured if not s.ok).items())),
-        # How fast refusals come back (an overloaded service should shed in well under a second).
-        "error_latency_ms": {
-            status: latency_summary([s.latency_s for s in measured if str(s.status) == status])
-            for status in sorted({str(s.status) for s in measured if not s.ok and isinstance(s.status, int)})
-        },
-        "variants": dict(sorted(Counter(s.variant or "unknown" for s in ok).items())),
-        "median_batch_size": median(batch_sizes),
-    }
-
-
-class _Progress:
-    """A time bar per step (steps are time-bound) with the running request and error counts."""
-
-    def __init__(self, desc: str, seconds: float, enabled: bool) -> None:
-        self.t0, self.total, self.requests, self.errors = time.perf_counter(), seconds, 0, 0
-        self.bar = tqdm(
-            total=round(seconds, 1),
-            desc=desc,
-            leave=False,
-            disable=not enabled,
-            mininterval=0.5,
-            file=sys.stderr,
-            bar_format="{desc}: {bar} {n:.0f}/{total:.0f}s{postfix}",
-        )
-
-    def done(self, sample: Sample) -> None:
-        self.requests += 1
-        self.errors += not sample.ok
-        self.bar.set_postfix_str(f"{self.requests} req, {self.errors} errors", refresh=False)
-        elapsed = min(time.perf_counter() - self.t0, self.total)
-        self.bar.update(max(0.0, elapsed - self.bar.n))
-
-    def close(self) -> None:
-        self.bar.close()
+    ok = [s for s in measured if s.status == 200]
+    done = sum(1 for s in samples if s.status == 200 and start <= s.due + s.latency_s <= end)
+    errors = Counter(str(s.status) for s in measured if s.status != 200)
+    variants, sizes = Counter(s.variant or "unknown" for s in ok), [b for s in ok for b in s.batch_sizes]
+    head |= {"requests": len(measured), "ok": len(ok), "latency_ms": latency_summary([s.latency_s for s in ok])}
+    return _step(wl, end - start, done, errors, variants, sizes, **head)
 
 
 async def closed_step(
-    workload: Workload,
-    concurrency: int,
-    duration_s: float,
-    warmup_s: float = 1.0,
-    max_requests: int | None = None,
-    progress: bool = True,
-    payloads: Sequence[Payload] | None = None,
+    wl: Workload, concurrency: int, duration_s: float, warmup_s: float = 1.0, max_requests: int | None = None
 ) -> dict[str, Any]:
-    """C workers, each sending its next request as soon as the last returns, until time or the cap runs out."""
-    payloads = payloads or workload.payloads()
-    samples: list[Sample] = []
-    launched = 0
-    cpu0, clock0 = _cpu_seconds(), time.perf_counter()
-    warm_end, stop_at = clock0 + warmup_s, clock0 + warmup_s + duration_s
-    last_launch = clock0
-    bar = _Progress(f"closed c={concurrency}", warmup_s + duration_s, progress)
-
-    async def worker(session: aiohttp.ClientSession) -> None:
-        nonlocal launched, last_launch
-        while True:
-            now = time.perf_counter()
-            if now >= stop_at or (max_requests is not None and launched >= max_requests):
-                return
-            payload = payloads[launched % len(payloads)]
-            launched += 1
-            last_launch = now
-            samples.append(await send(session, workload, payload, now, clock0))
-            bar.done(samples[-1])
-
-    async with _session(workload, concurrency) as session:
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-    bar.close()
-    # The window closes at the deadline, or at the last launch if the request cap ran out first.
-    capped = max_requests is not None and launched >= max_requests
-    window_end = last_launch if capped else stop_at
-    if window_end <= warm_end:  # the cap ran out during warm-up: measure everything instead
-        warm_end, window_end = clock0, max(last_launch, clock0 + 1e-9)
-    window = (warm_end - clock0, window_end - clock0)
-    dropped = sum(1 for s in samples if s.due < window[0])
-    step = {"mode": "closed", "concurrency": concurrency, **_describe(workload)}
-    step.update(summarize(samples, window, dropped))
-    step.update(_client_load(cpu0, time.perf_counter() - clock0))
-    return step
+    """`concurrency` requests in flight, the next sent as soon as one returns, until time or the cap runs out."""
+    require_loopback(wl.url)
+    cap = -1 if max_requests is None else max_requests
+    samples, last = await drive(wl, concurrency, until_s=warmup_s + duration_s, cap=cap)
+    # The window closes at the deadline, or at the last launch if the cap ran out first (all of it if in warm-up).
+    end = last if len(samples) == cap else warmup_s + duration_s
+    window = (warmup_s, end) if end > warmup_s else (0.0, max(last, 1e-9))
+    return _print_step(summarize(wl, samples, window, mode="closed", concurrency=concurrency))
 
 
 def poisson_schedule(rate: float, duration_s: float, max_requests: int, seed: int = 0) -> list[float]:
     """Arrival offsets (s) of a Poisson process at `rate`/s: exponential gaps, at most max_requests, < duration_s."""
     if rate <= 0:
         raise ValueError(f"rate must be positive, got {rate}")
-    rng = random.Random(seed)
-    t, out = 0.0, []
-    while len(out) < max_requests:
-        t += rng.expovariate(rate)
-        if t >= duration_s:
-            break
-        out.append(t)
-    return out
-
-
-async def open_step(
-    workload: Workload,
-    rate: float,
-    duration_s: float,
-    warmup_s: float = 1.0,
-    max_requests: int = 10_000,
-    max_inflight: int = 512,
-    seed: int = 0,
-    progress: bool = True,
-    payloads: Sequence[Payload] | None = None,
-) -> dict[str, Any]:
-    """Launch requests on a Poisson schedule whatever the server is doing; count the ones it could not take."""
-    payloads = payloads or workload.payloads()
-    schedule = poisson_schedule(rate, warmup_s + duration_s, max_requests, seed)
-    samples: list[Sample] = []
-    overflow = 0
-    tasks: set[asyncio.Task[None]] = set()
-    bar = _Progress(f"open {rate:g}/s", warmup_s + duration_s, progress)
-    cpu0, clock0 = _cpu_seconds(), time.perf_counter()
-
-    async def one(session: aiohttp.ClientSession, payload: Payload, due: float) -> None:
-        samples.append(await send(session, workload, payload, due, clock0))
-        bar.done(samples[-1])
-
-    async with _session(workload, max_inflight) as session:
-        for i, offset in enumerate(schedule):
-            delay = clock0 + offset - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)  # the arrival schedule itself, not a wait for anything
-            if len(tasks) >= max_inflight:  # the client's own bound; counted, never silent
-                overflow += 1
-                samples.append(Sample(offset, 0.0, "client_overflow", payloads[i % len(payloads)].images))
-                continue
-            task = asyncio.create_task(one(session, payloads[i % len(payloads)], clock0 + offset))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
-    bar.close()
-    # The window is the schedule's measured part; it ends early if the request cap cut the schedule short.
-    truncated = len(schedule) == max_requests and schedule
-    window = (warmup_s, min(warmup_s + duration_s, schedule[-1]) if truncated else warmup_s + duration_s)
-    if not any(s.due >= warmup_s for s in samples):  # the cap ran out during warm-up
-        window = (0.0, max((s.due for s in samples), default=0.0) + 1e-9)
-    dropped = sum(1 for s in samples if s.due < window[0])
-    step = {"mode": "open", "rate": rate, **_describe(workload)}
-    step.update(summarize(samples, window, dropped))
-    span = window[1] - window[0]
-    step["offered_rps"] = sum(1 for s in samples if window[0] <= s.due <= window[1]) / span if span > 0 else None
-    step["client_overflow"] = overflow
-    step.update(_client_load(cpu0, time.perf_counter() - clock0))
-    return step
-
-
-def _describe(workload: Workload) -> dict[str, Any]:
-    return {"url": workload.target, "variant": workload.variant, "images_per_request": workload.images_per_request}
-
-
-def _client_load(cpu0: float, wall_s: float) -> dict[str, Any]:
-    cpu = _cpu_seconds() - cpu0
-    return {
-        "step_wall_s": round(wall_s, 3),
-        "client_cpu_s": round(cpu, 3),
-        "client_cpu_cores": round(cpu / wall_s, 3) if wall_s > 0 else None,
-        "load_average_1m": (load_average() or [None])[0],
-    }
-
-
-async def closed_sweep(
-    workload: Workload,
-    concurrencies: Sequence[int] = CONCURRENCY,
-    duration_s: float = 10.0,
-    warmup_s: float = 2.0,
-    max_requests: int | None = 20_000,
-    progress: bool = True,
-) -> list[dict[str, Any]]:
-    require_loopback(workload.url)
-    payloads = workload.payloads()
-    steps = []
-    for c in concurrencies:
-        steps.append(await closed_step(workload, c, duration_s, warmup_s, max_requests, progress, payloads))
-        if progress:
-            _print_step(steps[-1])
-    return steps
+    gaps = random.Random(seed)
+    arrivals = itertools.accumulate(gaps.expovariate(rate) for _ in range(max_requests))
+    return list(itertools.takewhile(lambda t: t < duration_s, arrivals))
 
 
 async def open_run(
-    workload: Workload,
-    rate: float,
-    duration_s: float = 10.0,
-    warmup_s: float = 2.0,
-    max_requests: int = 10_000,
-    max_inflight: int = 512,
-    seed: int = 0,
-    progress: bool = True,
+    wl: Workload, rate: float, duration_s: float = 10.0, warmup_s: float = 2.0, max_requests: int = 10_000
 ) -> dict[str, Any]:
-    require_loopback(workload.url)
-    step = await open_step(workload, rate, duration_s, warmup_s, max_requests, max_inflight, seed, progress)
-    if progress:
-        _print_step(step)
-    return step
+    """Requests on a Poisson schedule whatever the server is doing (at most MAX_INFLIGHT at once); the ones the
+    client could not send are counted."""
+    require_loopback(wl.url)
+    schedule = poisson_schedule(rate, warmup_s + duration_s, max_requests)
+    samples, _ = await drive(wl, MAX_INFLIGHT, schedule)
+    # The window is the schedule's measured part; it ends early if the request cap cut the schedule short.
+    end = min(warmup_s + duration_s, schedule[-1] if len(schedule) == max_requests else math.inf)
+    if not any(s.due >= warmup_s for s in samples):  # the cap ran out during warm-up
+        warmup_s, end = 0.0, max((s.due for s in samples), default=0.0) + 1e-9
+    return _print_step(summarize(wl, samples, (warmup_s, end), mode="open", rate=rate))
 
 
-def _print_step(step: dict[str, Any]) -> None:
-    lat = step["latency_ms"]
+def wrk_step(wl: Workload, concurrency: int, duration_s: float, warmup_s: float = 1.0) -> dict[str, Any]:
+    """A closed-loop step in wrk: whole seconds (a run for the warm-up, one for the measured window), no request
+    cap, latency over every response (errors too)."""
+    parts, payloads = urlsplit(require_loopback(wl.target)), wl.payloads()
+    with tempfile.TemporaryDirectory(prefix="wrk-") as tmp:
+        for i, (body, headers) in enumerate(payloads, 1):  # raw HTTP requests, which wrk.lua sends in turn
+            fields = {"Host": parts.netloc, "Content-Length": len(body), **headers, **wl.headers()}
+            lines = f"POST {parts.path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items())
+            Path(tmp, f"{i}.http").write_bytes(lines.encode() + b"\r\n" + body)
+
+        def wrk(seconds: float) -> dict[str, Any]:
+            whole_s = [f"-d{max(1, round(seconds))}s", f"--timeout={max(1, round(wl.timeout_s))}s"]  # wrk's units
+            cmd = ["wrk", f"-c{concurrency}", f"-t{min(concurrency, 2)}", *whole_s, "-s", str(WRK_LUA), wl.target]
+            out = subprocess.run([*cmd, "--", tmp, str(len(payloads))], capture_output=True, text=True)
+            if out.returncode:  # e.g. nothing listens there any more
+                raise ConnectionError(f"wrk: {out.stderr.strip() or out.stdout.strip()}")
+            return dict(json.loads(out.stdout.splitlines()[-1]))  # the last line: wrk.lua's done()
+
+        if warmup_s > 0:
+            wrk(warmup_s)
+        # A server that cannot cancel (a blocked event loop, a batch queue) still serves the requests of clients
+        # that left (the warm-up's, the last step's): one request answered after them drains that backlog first.
+        drain = urllib.request.Request(wl.target, payloads[0][0], {**payloads[0][1], **wl.headers()})
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(drain, timeout=wl.timeout_s).read()
+        got = wrk(duration_s)
+    statuses, lat = Counter(got["statuses"]), got["latency_us"]
+    ok = statuses.pop("200", 0)
+    errors = statuses + Counter(got["socket"])  # connect, read, write, timeout: the ones that happened
+    sizes = [int(size) for size, n in got["batch_sizes"].items() for _ in range(n)]
+    latency = {f"{q}_ms": lat[q] / 1000 if ok else None for q in [*(f"p{p}" for p in PERCENTILES), "max"]}
+    head = {"mode": "closed", "concurrency": concurrency, "client": "wrk", "requests": got["requests"], "ok": ok}
+    step = _step(wl, got["duration_us"] / 1e6, ok, errors, Counter(got["variants"]), sizes, latency_ms=latency, **head)
+    return _print_step(step)
+
+
+def _print_step(step: dict[str, Any]) -> dict[str, Any]:
+    """One line per step on stderr while a run goes on (the tables come at the end)."""
     load = f"c={step['concurrency']}" if step["mode"] == "closed" else f"{step['rate']:g}/s"
-
-    def f(x: float | None, spec: str = ".1f") -> str:
-        return "n/a" if x is None else format(x, spec)
-
-    tqdm.write(
-        f"  {load:>8}  {f(step['throughput_rps']):>7} req/s  {f(step['images_per_s']):>7} img/s  "
-        f"p50 {f(lat['p50_ms'])}  p99 {f(lat['p99_ms'])} ms  n={step['requests']}  "
-        f"errors={step['errors'] or 0}  variants={step['variants']}  batch~{step['median_batch_size']}",
-        file=sys.stderr,
-    )
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default=DEFAULT_URL, help="the /v1/classify URL (loopback only)")
-    parser.add_argument("--mode", choices=["closed", "open"], default="closed")
-    parser.add_argument("--concurrency", type=_ints, default=list(CONCURRENCY), help="closed loop: e.g. 1,2,4,8")
-    parser.add_argument("--rate", type=float, default=10.0, help="open loop: mean arrivals per second")
-    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per step")
-    parser.add_argument("--warmup", type=float, default=2.0, help="seconds per step whose requests are dropped")
-    parser.add_argument("--max-requests", type=int, default=20_000, help="cap per step (warm-up included)")
-    parser.add_argument("--max-inflight", type=int, default=512, help="open loop: client-side bound")
-    parser.add_argument("--variant", default=None, help="sent as X-Model-Variant (e.g. fp32, int8)")
-    parser.add_argument("--images-per-request", type=int, default=1, help=">1 posts to /v1/classify/batch")
-    parser.add_argument("--multipart", action="store_true", help="send single images as multipart `file`")
-    parser.add_argument("--sizes", type=parse_sizes, default=SIZES, help="corpus sizes, e.g. 640x480,1920x1080")
-    parser.add_argument("--timeout", type=float, default=30.0, help="per-request timeout (s)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=None, help="JSON output (default benchmarks/results/load-...)")
-    parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
-    try:
-        require_loopback(args.url)
-    except NonLoopbackURL as e:
-        parser.exit(2, f"error: {e}\n")
-    env = print_environment()
-    workload = Workload(args.url, args.variant, args.images_per_request, args.multipart, args.timeout, args.sizes)
-    progress = not args.no_progress
-    if args.mode == "closed":
-        coro: Any = closed_sweep(workload, args.concurrency, args.duration, args.warmup, args.max_requests, progress)
-    else:
-        coro = open_run(
-            workload, args.rate, args.duration, args.warmup, args.max_requests, args.max_inflight, args.seed, progress
-        )
-    result = asyncio.run(coro)
-    steps = result if isinstance(result, list) else [result]
-    out = args.out or RESULTS_DIR / f"load-{stamp()}-{host_name()}.json"
-    write_json(
-        out, {"environment": env, "argv": sys.argv[1:] if argv is None else argv, "pid": os.getpid(), "steps": steps}
-    )
-    print(steps_table(steps))
-    print(f"wrote {out}")
-    return 1 if any(s["ok"] == 0 for s in steps) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    figures = {k: step[k] for k in ("throughput_rps", "images_per_s", "requests", "errors", "variants")}
+    figures |= {k: step["latency_ms"][k] for k in ("p50_ms", "p99_ms")} | {"batch": step["median_batch_size"]}
+    print(f"  {load:>8}  " + "  ".join(f"{k}={fmt(v)}" for k, v in figures.items()), file=sys.stderr)
+    return step

@@ -1,300 +1,146 @@
-"""The service comparison `make bench` runs: each target in turn, the same workload, one report.
+"""The service comparison `make bench` runs (`--quick`: fewer, shorter steps; `--targets app,app_ortcpu`: engine
+auto against ORT's CPU EP): each target in turn, the same workload, one report.
 
-    python -m benchmarks.run                       # every target, full plan (~12 min on 2 cores)
-    python -m benchmarks.run --quick               # ~2-3 min, mostly Serve start-up: fewer, shorter steps
-    python -m benchmarks.run --targets fastapi,echo --concurrency 1,4,16 --duration 5
-    python -m benchmarks.run --plan my_plan.json   # targets and workloads from a file (see --print-plan)
+For every target: start it (its own process session; Serve targets on a private local Ray instance), poll
+until it is ready (GET ready URL -> 200, then one real classify -> 200, against a deadline), drive the
+workloads, stop it (SIGINT, then SIGTERM/SIGKILL to the processes it started; never `ray stop`, which would
+stop other users' Ray too), and move on. A target that fails to start is reported, not fatal.
 
-For every target: start it (its own process session; Serve targets on a private local Ray instance),
-poll until it is ready (GET ready URL -> 200, then one real classify -> 200, against a deadline), drive
-the workloads, stop it (SIGINT, then SIGTERM/SIGKILL to the processes it started; never `ray stop`, which
-would stop other users' Ray too), and move on. A target that fails to start is reported, not fatal.
-
-Workloads: "sweep" = single images, closed loop over the concurrency levels, FP32 forced; "batch" = 16
-images per request (/v1/classify/batch) at concurrency 8, once per variant; "open" = Poisson arrivals at
---open-rate (optional). Writes benchmarks/results/<date>-<host>.json, .md and two PNGs (throughput vs
-concurrency; p99 vs throughput), all targets on each chart.
+Workloads, closed loop, sent by wrk: "sweep" = single images over the concurrency levels, FP32 forced; "v2" =
+the same at c=32 through the V2 infer endpoint; "batch" = 16 images per request (/v1/classify/batch) at c=8, FP32
+and INT8 in alternating pairs. Writes benchmarks/results/<date>-<host>.json, .md and two PNGs (throughput vs
+concurrency; p99 vs throughput).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import copy
-import json
-import statistics
+import dataclasses
+import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import yaml
 
 from app.config import private_serve_env, read_serve_env
 from app.models.samples import available_photos, sample_bytes
-from benchmarks.corpus import SIZES, build_corpus
+from benchmarks.corpus import build_corpus
 from benchmarks.corpus import describe as describe_corpus
 from benchmarks.environment import RESULTS_DIR, format_environment, host_name, print_environment, stamp
-from benchmarks.load import NonLoopbackURL, Workload, closed_sweep, open_run, require_loopback
+from benchmarks.load import Workload, wrk_step
 from benchmarks.report import fmt, markdown_table, plot_service, steps_table, write_json
 from benchmarks.server_process import ServerProcess, ServerStartError, port_open
-from benchmarks.stats import relative_spread
+from benchmarks.stats import median
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 # Log lines (regular expressions) that mean a Serve deployment has failed: stop waiting for readiness.
-SERVE_FAILURES = ("DEPLOY_FAILED", r"Deploying app '[^']*' failed")
+FAILED = ("DEPLOY_FAILED", r"Deploying app '[^']*' failed")
+APP_CONFIGS = ("local", "nobatch", "ortcpu")  # configs/local.yaml, as is or changed by write_config
 
-TARGETS: list[dict[str, Any]] = [
-    {
-        "key": "fastapi",
-        "name": "fastapi+onnx (1 process)",
-        "start": [PY, "-m", "benchmarks.baselines.fastapi_onnx", "--port", "8101", "--device", "{device}"],
-        "url": "http://127.0.0.1:8101/v1/classify",
-        "ready": "http://127.0.0.1:8101/healthz",
-        "ready_timeout_s": 60,
-        "workloads": ["sweep", "batch"],
-    },
-    {
-        "key": "echo",
-        "name": "serve echo (floor)",
-        "start": [PY, "-m", "benchmarks.baselines.serve_echo", "--port", "8102"],
-        "url": "http://127.0.0.1:8102/v1/classify",
-        "ready": "http://127.0.0.1:8102/healthz",
-        "ready_timeout_s": 120,
-        "workloads": ["sweep"],
-        "fail_patterns": list(SERVE_FAILURES),
-    },
-    {
-        "key": "single",
-        "name": "serve single deployment",
-        "start": [PY, "-m", "benchmarks.baselines.serve_single", "--port", "8103", "--device", "{device}"],
-        "url": "http://127.0.0.1:8103/v1/classify",
-        "ready": "http://127.0.0.1:8103/healthz",
-        "ready_timeout_s": 120,
-        "workloads": ["sweep", "batch"],
-        "fail_patterns": list(SERVE_FAILURES),
-    },
-    # The same two Serve peers on Serve's default runtime (Python proxy, no configs/serve.env): Ray's
-    # image-classifier example as written, which is what the issue's targets were set against.
-    {
-        "key": "echo_default",
-        "name": "serve echo, default runtime",
-        "start": [PY, "-m", "benchmarks.baselines.serve_echo", "--port", "8104"],
-        "url": "http://127.0.0.1:8104/v1/classify",
-        "ready": "http://127.0.0.1:8104/healthz",
-        "ready_timeout_s": 120,
-        "workloads": ["ends"],
-        "fail_patterns": list(SERVE_FAILURES),
-        "serve_env": False,
-    },
-    {
-        "key": "single_default",
-        "name": "serve single deployment, default runtime",
-        "start": [PY, "-m", "benchmarks.baselines.serve_single", "--port", "8105", "--device", "{device}"],
-        "url": "http://127.0.0.1:8105/v1/classify",
-        "ready": "http://127.0.0.1:8105/healthz",
-        "ready_timeout_s": 120,
-        "workloads": ["ends"],
-        "fail_patterns": list(SERVE_FAILURES),
-        "serve_env": False,
-    },
-    {
-        "key": "app",
-        "name": "app (3 deployments)",
-        "start": ["serve", "run", "configs/local.yaml"],
-        "url": "http://127.0.0.1:8000/v1/classify",
-        "ready": "http://127.0.0.1:8000/readyz",
-        "ready_timeout_s": 240,
-        "workloads": ["sweep", "batch"],
-        # A private local Ray instance, never a cluster someone else started on this machine.
-        "env": {"RAY_ADDRESS": "local"},
-        "fail_patterns": list(SERVE_FAILURES),
-        # INT8 vs FP32 on 16-image requests in alternating pairs: the ratio is the median of the pairs'.
-        "batch_pairs": 3,
-    },
-    {
-        "key": "app_ortcpu",
-        "name": "app, engine forced to ORT's CPU EP",
-        # configs/local.yaml with every variant's engine set to cpu: the same app without OpenVINO, so
-        # "engine auto" (OpenVINO or the CPU EP, whichever measured faster at warm-up) is judged against it.
-        "start": ["serve", "run", "{ortcpu_config}"],
-        "url": "http://127.0.0.1:8000/v1/classify",
-        "ready": "http://127.0.0.1:8000/readyz",
-        "ready_timeout_s": 240,
-        "workloads": ["batch"],
-        "env": {"RAY_ADDRESS": "local"},
-        "fail_patterns": list(SERVE_FAILURES),
-        "batch_pairs": 3,
-    },
-    {
-        "key": "nobatch",
-        "name": "app, batching off",
-        # configs/local.yaml with the Router's coalescing and the Classifiers' batching switched off
-        # (coalesce_max 1, max_batch_size 1): the "dynamic batching on vs off" comparison, same run.
-        "start": ["serve", "run", "{nobatch_config}"],
-        "url": "http://127.0.0.1:8000/v1/classify",
-        "ready": "http://127.0.0.1:8000/readyz",
-        "ready_timeout_s": 240,
-        "workloads": ["c32"],
-        "env": {"RAY_ADDRESS": "local"},
-        "fail_patterns": list(SERVE_FAILURES),
-    },
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    key: str
+    name: str
+    runs: str  # a module of benchmarks.baselines, or one of APP_CONFIGS
+    port: int
+    workloads: tuple[str, ...]
+    serve_env: bool = True  # configs/serve.env (HAProxy, throughput-optimised), as `make serve`; else Serve's default
+    sweep: tuple[int, ...] = ()  # its concurrency levels; empty: the plan's
+    pairs: int = 1  # of the "batch" workload
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/classify"
+
+
+ENDS = (1, 32)  # the concurrency levels the targets use
+# The *_default pair (Ray's example as written) is what the issue's targets were set against; app_ortcpu (every
+# variant on ORT's CPU EP) judges "engine auto"; nobatch (coalesce_max 1, max_batch_size 1) "dynamic batching off".
+TARGETS = [
+    Target("fastapi", "FastAPI + ONNX Runtime, one process", "fastapi_onnx", 8101, ("sweep", "batch"), False),
+    Target("echo", "Serve echo floor, serve.env", "serve_echo", 8102, ("sweep",)),
+    Target("single", "Serve, one deployment, serve.env", "serve_single", 8103, ("sweep", "batch")),
+    Target("echo_default", "Serve echo floor, default runtime", "serve_echo", 8104, ("sweep",), False, ENDS),
+    Target("single_default", "Serve, one deployment, default runtime", "serve_single", 8105, ("sweep",), False, ENDS),
+    Target("app", "this app (3 deployments)", "local", 8000, ("sweep", "v2", "batch"), pairs=3),
+    Target("app_ortcpu", "this app, engine forced to ORT's CPU EP", "ortcpu", 8000, ("batch",), pairs=3),
+    Target("nobatch", "this app, batching off", "nobatch", 8000, ("sweep",), sweep=(32,)),
 ]
-
-WORKLOADS: dict[str, dict[str, Any]] = {
-    "sweep": {"concurrency": [1, 2, 4, 8, 16, 32, 64], "variants": ["fp32"], "images_per_request": 1},
-    "batch": {"concurrency": [8], "variants": ["fp32", "int8"], "images_per_request": 16},
-    "c32": {"concurrency": [32], "variants": ["fp32"], "images_per_request": 1},
-    "ends": {"concurrency": [1, 32], "variants": ["fp32"], "images_per_request": 1},  # the two the targets use
-    "open": {"rate": None, "variants": ["fp32"], "images_per_request": 1, "max_inflight": 256},
-}
-FULL = {"duration_s": 10.0, "warmup_s": 2.0, "max_requests": 20_000, "repeat": 1}
-QUICK = {"duration_s": 2.0, "warmup_s": 1.0, "max_requests": 5_000, "repeat": 1, "sweep_concurrency": [1, 4, 16]}
+# name: concurrency levels (empty: the target's sweep), images per request, protocol; FP32, "batch" INT8 too
+WORKLOADS = {"sweep": ((), 1, "v1"), "v2": ((32,), 1, "v2"), "batch": ((8,), 16, "v1")}
+FULL = {"duration_s": 10.0, "warmup_s": 2.0, "concurrency": [1, 2, 4, 8, 16, 32, 64]}
+QUICK = {"duration_s": 2.0, "warmup_s": 1.0, "concurrency": [1, 4, 16, 32]}
 
 
-def serve_targets(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every Ray Serve target (this app and the Serve peers alike) runs with configs/serve.env, as
-    `make serve` does: the peers get the same HAProxy ingress and Serve runtime settings."""
-    serve_env = read_serve_env()
-    for t in targets:
-        if "fail_patterns" in t and t.get("serve_env", True):  # the Serve targets, but the *_default pair
-            t["env"] = {**serve_env, **t.get("env", {})}
-    return targets
-
-
-def default_plan(quick: bool = False) -> dict[str, Any]:
-    plan: dict[str, Any] = {
-        "targets": serve_targets(copy.deepcopy(TARGETS)),
-        "workloads": copy.deepcopy(WORKLOADS),
-        **{k: v for k, v in (QUICK if quick else FULL).items() if k != "sweep_concurrency"},
-        "timeout_s": 30.0,
-        "sizes": [list(s) for s in SIZES],
-        "device": "auto",
-    }
-    if quick:
-        plan["workloads"]["sweep"]["concurrency"] = QUICK["sweep_concurrency"]
-    return plan
-
-
-def plan_sizes(plan: dict[str, Any]) -> tuple[tuple[int, int], ...]:
-    return tuple((int(w), int(h)) for w, h in plan["sizes"])
-
-
-def resolve_command(cmd: list[str], device: str) -> list[str]:
-    """Fill {device}; run `serve` from this interpreter's environment so an unactivated venv works too."""
-    out = [part.replace("{device}", device) for part in cmd]
-    if out and out[0] == "serve" and (Path(PY).parent / "serve").is_file():
-        out[0] = str(Path(PY).parent / "serve")
-    return out
-
-
-def _local_config() -> dict[str, Any]:
-    """configs/local.yaml with absolute model paths (the variants written from it live outside the repository)."""
+def write_config(directory: Path, kind: str) -> Path:
+    """configs/local.yaml with absolute model paths and, for kind "nobatch", every kind of batching off (one
+    request per Preprocessor and Classifier call), for "ortcpu", every variant on ORT's CPU EP (engine: cpu)."""
     cfg = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
-    for v in cfg["applications"][0]["args"]["variants"].values():
-        v["model_path"] = str(REPO / v["model_path"])
-    return cfg
-
-
-def write_nobatch_config(directory: Path) -> Path:
-    """configs/local.yaml with every kind of batching off: one request per Preprocessor and Classifier call."""
-    cfg = _local_config()
-    for d in cfg["applications"][0]["deployments"]:
-        if d["name"] == "Router":
-            d["user_config"]["coalesce_max"] = 1
-        if d["name"].startswith("Classifier_"):
-            d["user_config"]["max_batch_size"] = 1
-    path = directory / "local-nobatch.yaml"
+    app = cfg["applications"][0]
+    for v in app["args"]["variants"].values():
+        v.update(model_path=str(REPO / v["model_path"]), **({"engine": "cpu"} if kind == "ortcpu" else {}))
+    for d in app["deployments"] if kind == "nobatch" else []:
+        if d["name"] == "Router" or d["name"].startswith("Classifier_"):
+            d["user_config"]["coalesce_max" if d["name"] == "Router" else "max_batch_size"] = 1
+    path = directory / f"local-{kind}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
 
-def write_ortcpu_config(directory: Path) -> Path:
-    """configs/local.yaml with every variant on ONNX Runtime's CPU EP (engine: cpu), nothing else changed."""
-    cfg = _local_config()
-    for v in cfg["applications"][0]["args"]["variants"].values():
-        v["engine"] = "cpu"
-    path = directory / "local-ortcpu.yaml"
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return path
-
-
-CONFIG_WRITERS = {"{nobatch_config}": write_nobatch_config, "{ortcpu_config}": write_ortcpu_config}
+def start_command(t: Target, log_dir: Path) -> list[str]:
+    if t.runs in APP_CONFIGS:
+        serve = Path(PY).parent / "serve"  # this venv's, even when not activated
+        return [str(serve) if serve.is_file() else "serve", "run", str(write_config(log_dir, t.runs))]
+    return [PY, "-m", f"benchmarks.baselines.{t.runs}", "--port", str(t.port)]  # --device auto
 
 
 def engines_and_answers(classify_url: str) -> dict[str, Any]:
     """Each variant's engine and start-up figures (GET /v1/models) and its top-1 on the sample photographs."""
-    base = classify_url.rsplit("/v1/", 1)[0]
+    keep = ("engine", "measured", "engine_candidates", "speed_gate")
+    out: dict[str, Any] = {}
     with httpx.Client(timeout=30) as client:
-        models = client.get(base + "/v1/models").json()["variants"]
-        out: dict[str, Any] = {}
-        for variant, info in models.items():
+        for variant, info in client.get(classify_url.rsplit("/v1/", 1)[0] + "/v1/models").json()["variants"].items():
             top1 = {}
             for photo in available_photos():
-                r = client.post(
-                    classify_url,
-                    content=sample_bytes(photo),
-                    headers={"Content-Type": "image/jpeg", "X-Model-Variant": variant},
-                )
+                headers = {"Content-Type": "image/jpeg", "X-Model-Variant": variant}
+                r = client.post(classify_url, content=sample_bytes(photo), headers=headers)
                 top1[photo] = r.json()["predictions"][0]["class_id"] if r.status_code == 200 else r.status_code
-            keep = ("engine", "measured", "engine_candidates", "speed_gate")
-            out[variant] = {**{k: info.get(k) for k in keep if k in info}, "top1": top1}
+            out[variant] = {**{k: info[k] for k in keep if k in info}, "top1": top1}
     return out
 
 
-def probe_for(url: str) -> Any:
+def probe_for(url: str) -> Callable[[httpx.Client], bool]:
     """A readiness probe: one real classify request must answer 200."""
-    image = build_corpus(((640, 480),))[0]
-
-    def probe(client: httpx.Client) -> bool:
-        r = client.post(url, content=image.data, headers={"Content-Type": "image/jpeg", "X-Model-Variant": "fp32"})
-        return r.status_code == 200
-
-    return probe
+    body, headers = Workload(url).payloads()[0]
+    return lambda client: client.post(url, content=body, headers=headers).status_code == 200
 
 
-async def drive(target: dict[str, Any], plan: dict[str, Any], progress: bool) -> list[dict[str, Any]]:
-    """Every workload of the plan the target takes; steps tagged with their workload and repeat."""
-    steps: list[dict[str, Any]] = []
-    sizes = plan_sizes(plan)
-    common = {"duration_s": plan["duration_s"], "warmup_s": plan["warmup_s"], "progress": progress}
-    for repeat in range(plan["repeat"]):
-        for name in target.get("workloads", ["sweep"]):
-            spec = plan["workloads"].get(name)
-            if spec is None or (name == "open" and not spec.get("rate")):
-                continue
-            variants = list(spec.get("variants", [None]))
-            pairs = target.get("batch_pairs", 1) if name == "batch" else 1
-            # Alternating order (fp32 int8, int8 fp32, ...), so drift on a shared machine hits both alike.
-            runs = [(pair, v) for pair in range(pairs) for v in (variants if pair % 2 == 0 else variants[::-1])]
-            for pair, variant in runs:
-                wl = Workload(
-                    target["url"], variant, spec["images_per_request"], timeout_s=plan["timeout_s"], sizes=sizes
-                )
-                print(f"  {name}: {spec['images_per_request']} image(s)/request, variant {variant}", file=sys.stderr)
-                if name == "open":
-                    got = [
-                        await open_run(
-                            wl,
-                            spec["rate"],
-                            max_requests=plan["max_requests"],
-                            max_inflight=spec.get("max_inflight", 256),
-                            **common,
-                        )
-                    ]
-                else:
-                    got = await closed_sweep(wl, spec["concurrency"], max_requests=plan["max_requests"], **common)
-                steps += [{"workload": name, "repeat": repeat, "pair": pair, **s} for s in got]
+def drive(t: Target, plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every workload of the target, in wrk; steps tagged with their workload and pair."""
+    steps = []
+    for name in t.workloads:
+        levels, per_request, protocol = WORKLOADS[name]
+        variants = ("fp32", "int8") if name == "batch" else ("fp32",)
+        # Alternating order (fp32 int8, int8 fp32, ...), so drift on a shared machine hits both alike.
+        for pair in range(t.pairs if name == "batch" else 1):
+            for variant in variants[:: -1 if pair % 2 else 1]:
+                wl = Workload(t.url, variant, per_request, plan["timeout_s"], protocol=protocol)
+                print(f"  {name}: {per_request} image(s)/request, {protocol}, variant {variant}", file=sys.stderr)
+                for c in levels or t.sweep or plan["concurrency"]:
+                    step = wrk_step(wl, c, plan["duration_s"], plan["warmup_s"])
+                    steps.append({"workload": name, "pair": pair, **step})
     return steps
 
 
-def check_alone(server: ServerProcess, url: str) -> None:
+def check_alone(server: ServerProcess, port: int) -> None:
     """Refuse results if another process listens on the target's port too (SO_REUSEPORT shares it)."""
-    port = urlsplit(url).port or 80
     if foreign := server.foreign_listeners(port):
         raise ServerStartError(
             f"port {port} is also served by process(es) {sorted(foreign)} that this run did not start; "
@@ -302,71 +148,33 @@ def check_alone(server: ServerProcess, url: str) -> None:
         )
 
 
-def run_target(target: dict[str, Any], plan: dict[str, Any], log_dir: Path, progress: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {k: target.get(k) for k in ("key", "name", "url", "ready")}
-    cmd = list(target["start"])
-    for placeholder, writer in CONFIG_WRITERS.items():
-        if placeholder in cmd:
-            cmd[cmd.index(placeholder)] = str(writer(log_dir))
-    cmd = resolve_command(cmd, plan["device"])
-    out["start"] = cmd
-    require_loopback(target["url"])
-    if port_open(target["url"]):
-        out["error"] = f"something already listens at {target['url']}: refusing to benchmark a server we did not start"
-        return out
-    # Never the default HAProxy files/ports of a `make serve` running beside the benchmark.
-    env = private_serve_env(urlsplit(target["url"]).port or 80, target.get("env") or {})
-    server = ServerProcess(
-        target["name"],
-        cmd,
-        log_dir / f"{target['key']}.log",
-        cwd=REPO,
-        env=env,
-        fail_patterns=target.get("fail_patterns", ()),
-    )
+def run_target(t: Target, plan: dict[str, Any], log_dir: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {**dataclasses.asdict(t), "url": t.url, "start": start_command(t, log_dir)}
+    if port_open(t.url):
+        return {**out, "error": f"something already listens at {t.url}: a server this run did not start"}
+    # A private Ray, never someone else's, and never the HAProxy files/ports of a `make serve` running beside it.
+    env = private_serve_env(t.port, {**(read_serve_env() if t.serve_env else {}), "RAY_ADDRESS": "local"})
+    server = ServerProcess(t.name, out["start"], log_dir / f"{t.key}.log", cwd=REPO, env=env, fail_patterns=FAILED)
     out["log"] = str(server.log_path)
-    print(f"\n== {target['name']}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    print(f"\n== {t.name}: {' '.join(out['start'])}", file=sys.stderr, flush=True)
+    probe = probe_for(t.url)  # before the start: building the corpus takes seconds
     server.start()
     try:
-        ready = target.get("ready") or target["url"].rsplit("/v1/", 1)[0] + "/healthz"
-        out["ready_s"] = server.wait_ready(ready, target.get("ready_timeout_s", 120), probe_for(target["url"]))
+        ready = t.url.replace("/v1/classify", "/readyz" if t.runs in APP_CONFIGS else "/healthz")
+        out["ready_s"] = server.wait_ready(ready, 240 if t.runs in APP_CONFIGS else 120, probe)
         print(f"  ready after {out['ready_s']:.1f} s", file=sys.stderr, flush=True)
-        check_alone(server, target["url"])
-        if target["key"].startswith("app"):
-            out["engines"] = engines_and_answers(target["url"])
-        out["steps"] = asyncio.run(drive(target, plan, progress))
-        check_alone(server, target["url"])
-    except ServerStartError as e:
-        out["error"] = str(e)
-        out["log_tail"] = server.log_tail()
+        check_alone(server, t.port)
+        if t.key.startswith("app"):
+            out["engines"] = engines_and_answers(t.url)
+        out["steps"] = drive(t, plan)
+        check_alone(server, t.port)
+    except (ServerStartError, ConnectionError) as e:  # it died, or another process listens there too
+        out["error"], out["log_tail"] = str(e), server.log_tail()
         print(f"  FAILED: {e}\n{out['log_tail']}", file=sys.stderr, flush=True)
     finally:
         out["stop"] = server.stop()
         print(f"  stopped: {out['stop']['stopped']}", file=sys.stderr, flush=True)
     return out
-
-
-def sweep_medians(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Sweep steps merged across repeats: per concurrency, the median of each figure."""
-    by_c: dict[int, list[dict[str, Any]]] = {}
-    for st in steps:
-        if st["workload"] in ("sweep", "ends", "c32") and st["mode"] == "closed":
-            by_c.setdefault(st["concurrency"], []).append(st)
-
-    def med(values: list[Any]) -> float | None:
-        vals = [v for v in values if v is not None]
-        return statistics.median(vals) if vals else None
-
-    return [
-        {
-            "mode": "closed",
-            "concurrency": c,
-            "runs": len(group),
-            "throughput_rps": med([g["throughput_rps"] for g in group]),
-            "latency_ms": {q: med([g["latency_ms"][q] for g in group]) for q in ("p50_ms", "p99_ms")},
-        }
-        for c, group in sorted(by_c.items())
-    ]
 
 
 def _target(result: dict[str, Any], key: str) -> dict[str, Any] | None:
@@ -378,13 +186,13 @@ def _steps(result: dict[str, Any], key: str, workload: str) -> list[dict[str, An
     return [st for st in (_target(result, key) or {}).get("steps", []) if st["workload"] == workload]
 
 
-def _at(steps: list[dict[str, Any]], concurrency: int, field: str = "throughput_rps") -> float | None:
-    values = [st[field] for st in steps if st.get("concurrency") == concurrency and st.get(field) is not None]
-    return statistics.median(values) if values else None
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
+def _measure(result: dict[str, Any], key: str, workload: str, concurrency: int | None, field: str) -> float | None:
+    """The median of `field` (a step's, or its latency's: p50_ms) over the target's FP32 steps of the workload at
+    this concurrency (the "batch" pairs: three FP32 steps); concurrency None: the best of them."""
+    steps = [st for st in _steps(result, key, workload) if st.get("variant") in ("fp32", None)]
+    values = [st.get(field, st["latency_ms"].get(field)) for st in steps if concurrency in (None, st["concurrency"])]
+    values = [v for v in values if v is not None]
+    return max(values) if concurrency is None and values else median(values)
 
 
 def pair_ratios(steps: list[dict[str, Any]], num: str, den: str) -> list[float]:
@@ -398,312 +206,155 @@ def pair_ratios(steps: list[dict[str, Any]], num: str, den: str) -> list[float]:
 
 
 TARGET_HEADERS = ["target", "measured", "ratio", "goal", "met"]
+ONE, SAME = "1-deployment Serve, default runtime", "1-deployment Serve, same serve.env"
+INT8_ROWS = {"app": " (median of alternating pairs)", "fastapi": ", FastAPI + ORT, one process", "single": f", {SAME}"}
+
+
+def _row(what: str, measured: str, r: float | None, goal: str | None = None) -> list[Any]:
+    """A target row: `goal` is ">= X.Yx" or "<= X.Yx"; None: reported beside the judged rows, not judged."""
+    met = None if r is None or goal is None else r >= float(goal[3:-1]) if goal[0] == ">" else r <= float(goal[3:-1])
+    return [what, measured, None if r is None else f"{r:.2f}x", goal or "(reported)", met]
+
+
+def _ratio_row(what: str, a: float | None, b: float | None, goal: str | None = None, unit: str = " req/s") -> list[Any]:
+    return _row(what, f"{fmt(a)} / {fmt(b)}{unit}", a / b if a is not None and b else None, goal)
 
 
 def target_rows(result: dict[str, Any]) -> list[list[Any]]:
-    """The performance targets, computed from this run's steps (medians where a step was repeated)."""
-    app_sweep = _steps(result, "app", "sweep")
-    rows: list[list[Any]] = []
+    """The performance targets, computed from this run's steps. The issue's peer is Ray's example as written
+    (default runtime); the same peer on this app's runtime (configs/serve.env) is reported beside it."""
 
-    def row(name: str, measured: str, ratio: float | None, goal: str, ok: bool | None) -> None:
-        rows.append([name, measured, None if ratio is None else f"{ratio:.2f}x", goal, ok])
+    def m(key: str, workload: str, concurrency: int | None, field: str = "throughput_rps") -> float | None:
+        return _measure(result, key, workload, concurrency, field)
 
-    def p50s(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [{**st, "p50": st["latency_ms"]["p50_ms"]} for st in steps]
-
-    # The issue's peer is Ray's example as written (default runtime); the same peer on this app's
-    # runtime (configs/serve.env) is reported beside it, with no goal of its own.
-    peers = (("single_default", "ends", "default runtime", True), ("single", "sweep", "same serve.env", False))
-    for key, workload, how, judged in peers:
-        a, b = _at(app_sweep, 32), _at(_steps(result, key, workload), 32)
-        r = _ratio(a, b)
-        ok = None if r is None or not judged else r >= 1.0
-        row(
-            f"single image, FP32, c=32: app / 1-deployment Serve, {how}",
-            f"{fmt(a)} / {fmt(b)} req/s",
-            r,
-            ">= 1.0x" if judged else "(reported)",
-            ok,
-        )
-    for key, workload, how, judged in peers:
-        a, b = _at(p50s(app_sweep), 1, "p50"), _at(p50s(_steps(result, key, workload)), 1, "p50")
-        r = _ratio(a, b)
-        ok = None if r is None or not judged else r <= 1.5
-        row(
-            f"p50 at c=1: app / 1-deployment Serve, {how}",
-            f"{fmt(a)} / {fmt(b)} ms",
-            r,
-            "<= 1.5x" if judged else "(reported)",
-            ok,
-        )
-    app_batch = _steps(result, "app", "batch")
-    fp32 = [st["images_per_s"] for st in app_batch if st["variant"] == "fp32"]
-    best_fastapi = max((st["throughput_rps"] or 0 for st in _steps(result, "fastapi", "sweep")), default=None)
-    a = statistics.median(fp32) if fp32 else None
-    r = _ratio(a, best_fastapi)
-    row(
-        "16 images/request, c=8, FP32 img/s: app / FastAPI's best single-image req/s",
-        f"{fmt(a)} / {fmt(best_fastapi)}",
-        r,
-        ">= 1.1x",
-        None if r is None else r >= 1.1,
-    )
-    # The app's ratio is judged; the peers' (their own 16-image endpoints, same decode, same models) are
+    app32, app1, app16 = m("app", "sweep", 32), m("app", "sweep", 1, "p50_ms"), m("app", "batch", 8, "images_per_s")
+    fastest = m("fastapi", "sweep", None)
+    rows = [
+        _ratio_row(f"single image, FP32, c=32: app / {ONE}", app32, m("single_default", "sweep", 32), ">= 1.0x"),
+        _ratio_row(f"single image, FP32, c=32: app / {SAME}", app32, m("single", "sweep", 32)),
+        _ratio_row(f"p50 at c=1: app / {ONE}", app1, m("single_default", "sweep", 1, "p50_ms"), "<= 1.5x", " ms"),
+        _ratio_row(f"p50 at c=1: app / {SAME}", app1, m("single", "sweep", 1, "p50_ms"), None, " ms"),
+        _ratio_row("16 images/request, c=8, FP32 img/s: app / FastAPI's best req/s", app16, fastest, ">= 1.1x", ""),
+        _ratio_row("dynamic batching on / off, single image, c=32", app32, m("nobatch", "sweep", 32), ">= 1.15x"),
+        _ratio_row("single image, FP32, c=32, app: V2 infer / /v1/classify", m("app", "v2", 32), app32, ">= 0.9x"),
+    ]
+    # The app's INT8 / FP32 is judged; the peers' (their own 16-image endpoints, same decode, same models) are
     # reported beside it: how much of it the machine allows at all, whatever the serving path.
-    int8_rows = (
-        ("app", " (median of alternating pairs)", True),
-        ("fastapi", ", FastAPI + ORT, one process", False),
-        ("single", ", 1-deployment Serve, same serve.env", False),
-    )
-    for key, label, judged in int8_rows:
-        ratios = pair_ratios(_steps(result, key, "batch"), "int8", "fp32")
-        r = statistics.median(ratios) if ratios else None
-        row(
-            f"16 images/request, c=8: INT8 / FP32 img/s{label}",
-            ", ".join(f"{x:.2f}" for x in ratios) or "n/a",
-            r,
-            ">= 1.6x" if judged else "(reported)",
-            None if r is None or not judged else r >= 1.6,
-        )
-    rows.extend(engine_rows(result))
-    a, b = _at(app_sweep, 32), _at(_steps(result, "nobatch", "c32"), 32)
-    r = _ratio(a, b)
-    row(
-        "dynamic batching on / off, single image, c=32",
-        f"{fmt(a)} / {fmt(b)} req/s",
-        r,
-        ">= 1.15x",
-        None if r is None else r >= 1.15,
-    )
-    app = _target(result, "app")
-    if app:
+    for key, label in INT8_ROWS.items():
+        pairs = pair_ratios(_steps(result, key, "batch"), "int8", "fp32")
+        what, measured = f"16 images/request, c=8: INT8 / FP32 img/s{label}", ", ".join(f"{x:.2f}" for x in pairs)
+        rows.append(_row(what, measured or "n/a", median(pairs), ">= 1.6x" if key == "app" else None))
+    rows += engine_rows(result)
+    if app := _target(result, "app"):
         errors = sum(sum(st["errors"].values()) for st in app.get("steps", []))
         top = max((st.get("concurrency") or 0 for st in app.get("steps", [])), default=0)
-        row(f"errors, app, every step (up to c={top})", str(errors), None, "0", errors == 0)
+        rows.append([f"errors, app, every step (up to c={top})", str(errors), None, "0", errors == 0])
     return rows
 
 
 def engine_rows(result: dict[str, Any]) -> list[list[Any]]:
     """engine auto against the same app forced to ORT's CPU EP: 16-image FP32 img/s, and the same answers."""
-    fp32 = {
-        key: [st["images_per_s"] for st in _steps(result, key, "batch") if st["variant"] == "fp32"]
-        for key in ("app", "app_ortcpu")
-    }
-    a, b = (statistics.median(v) if v else None for v in (fp32["app"], fp32["app_ortcpu"]))
-    r = _ratio(a, b)
+    a, b = (_measure(result, key, "batch", 8, "images_per_s") for key in ("app", "app_ortcpu"))
     app, forced = _target(result, "app"), _target(result, "app_ortcpu")
     engines = (app or {}).get("engines", {})
     chosen = engines.get("fp32", {}).get("engine", "n/a")
-    rows = [
-        [
-            f"16 images/request, c=8, FP32 img/s: engine auto ({chosen}) / forced ORT CPU EP",
-            f"{fmt(a)} / {fmt(b)}",
-            None if r is None else f"{r:.2f}x",
-            ">= 1.3x" if chosen == "openvino" else "(auto chose the CPU EP: no gain to judge)",
-            None if r is None or chosen != "openvino" else r >= 1.3,
-        ]
-    ]
+    what = f"16 images/request, c=8, FP32 img/s: engine auto ({chosen}) / forced ORT CPU EP"
+    rows = [_ratio_row(what, a, b, ">= 1.3x" if chosen == "openvino" else None, "")]
+    if chosen != "openvino":
+        rows[0][3] = "(auto chose the CPU EP: no gain to judge)"
     if app and forced:
-        same = all(
-            engines.get(v, {}).get("top1") == forced.get("engines", {}).get(v, {}).get("top1") for v in ("fp32", "int8")
-        )
+        theirs = forced.get("engines", {})
+        same = all(engines.get(v, {}).get("top1") == theirs.get(v, {}).get("top1") for v in ("fp32", "int8"))
         rows.append(["same top-1 on the sample photographs, auto / forced CPU EP", str(same), None, "True", same])
     return rows
 
 
-SUMMARY_HEADERS = ["target", "p50 ms at c=1", "best req/s", "at concurrency", "p99 ms there", "errors"]
+def sweep_steps(t: dict[str, Any]) -> list[dict[str, Any]]:
+    """The target's single-image FP32 /v1/classify steps, by concurrency."""
+    return sorted((s for s in t.get("steps", []) if s["workload"] == "sweep"), key=lambda s: s["concurrency"])
+
+
+SUMMARY_HEADERS = ["target", "p50 ms at c=1", "req/s at c=32", "best req/s", "errors (every step)"]
 
 
 def summary_rows(targets: list[dict[str, Any]]) -> list[list[Any]]:
-    """One row per target from the sweep, medians across repeats."""
+    """The per-target table: one row per target from its single-image steps."""
     rows = []
     for t in targets:
-        merged = sweep_medians(t.get("steps", []))
-        if not merged or t.get("error"):
-            rows.append([t["name"], "n/a", "n/a", "n/a", "n/a", t.get("error", "no sweep")])
+        if t.get("error") or not (steps := sweep_steps(t)):
+            rows.append([t["name"], None, None, None, t.get("error", "no single-image steps")])
             continue
-        best = max(merged, key=lambda m: m["throughput_rps"] or 0)
-        c1 = next((m["latency_ms"]["p50_ms"] for m in merged if m["concurrency"] == 1), None)
-        errors = sum(sum(st["errors"].values()) for st in t["steps"])
-        rows.append([t["name"], c1, best["throughput_rps"], best["concurrency"], best["latency_ms"]["p99_ms"], errors])
+        at, best = {s["concurrency"]: s for s in steps}, max(steps, key=lambda s: s["throughput_rps"] or 0)
+        p50, c32 = at[1]["latency_ms"]["p50_ms"] if 1 in at else None, at[32]["throughput_rps"] if 32 in at else None
+        errors = sum(sum(s["errors"].values()) for s in t["steps"])
+        rows.append([t["name"], p50, c32, f"{fmt(best['throughput_rps'])} (c={best['concurrency']})", errors])
     return rows
 
 
-def noise_rows(targets: list[dict[str, Any]]) -> list[list[Any]]:
-    """Repeated steps: the median and spread of throughput per target and load."""
-    rows = []
-    for t in targets:
-        groups: dict[tuple[str, Any, Any], list[float]] = {}
-        for s in t.get("steps", []):
-            key = (s["workload"], s.get("concurrency", s.get("rate")), s.get("variant"))
-            groups.setdefault(key, []).append(s["throughput_rps"])
-        for (workload, load, variant), values in groups.items():
-            if len(values) > 1:
-                spread = relative_spread(values)
-                rows.append(
-                    [
-                        t["name"],
-                        workload,
-                        load,
-                        variant,
-                        len(values),
-                        statistics.median(values),
-                        f"{spread:.0%}" if spread is not None else "n/a",
-                    ]
-                )
-    return rows
-
-
-def to_markdown(result: dict[str, Any], files: dict[str, str]) -> str:
+def to_markdown(result: dict[str, Any], targets: list[list[Any]], pngs: list[str]) -> str:
     plan = result["plan"]
     parts = [
-        f"# Service benchmark {result['stamp']} on {result['environment']['host']}",
-        "",
-        "```",
-        format_environment(result["environment"]),
-        "```",
-        "",
-        f"Corpus: {result['corpus']['images']} JPEGs, sizes {', '.join(result['corpus']['sizes'])} "
-        f"({result['corpus']['bytes_min'] // 1000}-{result['corpus']['bytes_max'] // 1000} kB). "
-        f"Each step: {plan['warmup_s']:g} s warm-up (dropped) + {plan['duration_s']:g} s measured, "
-        f"at most {plan['max_requests']} requests; repeated {plan['repeat']}x. Latency in ms, client side. "
-        f"The load generator runs on the same machine and shares its cores (see client_cpu_cores in the JSON).",
-        "",
-        "## Summary (single image, FP32, closed loop; medians over repeats)",
-        "",
-        markdown_table(
-            SUMMARY_HEADERS,
-            summary_rows(result["targets"]),
-        ),
+        f"# Service benchmark {result['stamp']} on {result['environment']['host']}\n",
+        f"```\n{format_environment(result['environment'])}\n```\n",
+        f"Corpus: {result['corpus']}. Each step: {plan['warmup_s']:g} s warm-up (dropped) + "
+        f"{plan['duration_s']:g} s measured, closed loop, sent by wrk on the same machine (it shares the server's "
+        "cores). Latency in ms, client side, over every response.\n",
+        "## Summary (single image, FP32)\n",
+        markdown_table(SUMMARY_HEADERS, summary_rows(result["targets"])),
+        "## Targets (computed from this run)\n",
+        markdown_table(TARGET_HEADERS, targets),
+        "The 1920x1080 preprocessing target is measured by `python -m benchmarks.preprocess_bench`.\n",
     ]
-    parts += [
-        "## Targets (computed from this run)",
-        "",
-        markdown_table(TARGET_HEADERS, target_rows(result), digits=1),
-        "The 1920x1080 preprocessing target is measured by `python -m benchmarks.preprocess_bench`.",
-        "",
-    ]
-    noise = noise_rows(result["targets"])
-    if noise:
-        parts += [
-            "## Repeatability",
-            "",
-            markdown_table(
-                ["target", "workload", "load", "variant", "runs", "median req/s", "spread (max-min)/median"], noise
-            ),
-        ]
     for t in result["targets"]:
-        parts += [f"## {t['name']}", "", f"`{' '.join(t.get('start', []))}` → {t['url']}", ""]
+        parts.append(f"## {t['name']}\n\n`{' '.join(t['start'])}` → {t['url']}\n")
         if t.get("error"):
-            parts += [f"**Not measured:** {fmt(t['error'])}", ""]
+            parts.append(f"**Not measured:** {fmt(t['error'])}{' These steps are discarded.' * bool(t.get('steps'))}\n")
         if t.get("steps"):
-            note = " These steps are discarded (see above)." if t.get("error") else ""
-            parts += [f"Ready after {t['ready_s']:.1f} s.{note}", ""]
-            for r in range(plan["repeat"]):
-                if plan["repeat"] > 1:
-                    parts += [f"Run {r + 1} of {plan['repeat']}:", ""]
-                parts.append(steps_table([st for st in t["steps"] if st["repeat"] == r]))
-    parts += [
-        "## Plots",
-        "",
-        f"![throughput vs concurrency]({files['throughput_png']})",
-        "",
-        f"![p99 vs throughput]({files['p99_png']})",
-        "",
-    ]
+            parts += [f"Ready after {t['ready_s']:.1f} s.\n", steps_table(t["steps"])]
+    parts.append(f"## Plots\n\n![throughput vs concurrency]({pngs[0]})\n\n![p99 vs throughput]({pngs[1]})\n")
     return "\n".join(parts)
 
 
-def load_plan(args: argparse.Namespace) -> dict[str, Any]:
-    plan = default_plan(args.quick)
-    if args.plan:
-        plan.update(json.loads(Path(args.plan).read_text()))
-    if args.targets:
-        keys = [k.strip() for k in args.targets.split(",") if k.strip()]
-        known = {t["key"] for t in plan["targets"]}
-        if unknown := [k for k in keys if k not in known]:
-            raise SystemExit(f"error: unknown target(s) {unknown}; known: {sorted(known)}")
-        plan["targets"] = [t for t in plan["targets"] if t["key"] in keys]
-    for t in plan["targets"]:
-        try:
-            require_loopback(t["url"])
-        except NonLoopbackURL as e:
-            raise SystemExit(f"error: target {t.get('key')!r}: {e}") from None
-    for key in ("duration_s", "warmup_s", "max_requests", "repeat", "device"):
-        if getattr(args, key) is not None:
-            plan[key] = getattr(args, key)
-    if args.concurrency:
-        plan["workloads"]["sweep"]["concurrency"] = args.concurrency
-    if args.open_rate:
-        plan["workloads"]["open"]["rate"] = args.open_rate
-        for t in plan["targets"]:
-            t.setdefault("workloads", ["sweep"]).append("open")
-    return plan
-
-
-def write_outputs(result: dict[str, Any], stem: Path) -> dict[str, str]:
-    """<stem>.json, <stem>.md, <stem>-throughput.png and <stem>-p99.png; the summary table to stdout."""
-    files = {
-        "json": str(stem.with_suffix(".json")),
-        "markdown": str(stem.with_suffix(".md")),
-        "throughput_png": f"{stem.name}-throughput.png",
-        "p99_png": f"{stem.name}-p99.png",
-    }
-    ok = [t for t in result["targets"] if not t.get("error")]
-    series = {t["name"]: sweep_medians(t.get("steps", [])) for t in ok}
+def write_outputs(result: dict[str, Any], stem: Path) -> None:
+    """<stem>.json, <stem>.md, <stem>-throughput.png and <stem>-p99.png; the summary tables to stdout."""
+    pngs = [f"{stem.name}-throughput.png", f"{stem.name}-p99.png"]
+    series = {t["name"]: sweep_steps(t) for t in result["targets"] if not t.get("error")}
     env = result["environment"]
     title = f"single image, FP32, closed loop; {env['cpu_model']} ({env['usable_cpus']} cores), {result['stamp']}"
-    plot_service(series, stem.parent / files["throughput_png"], stem.parent / files["p99_png"], title)
+    plot_service(series, stem.parent / pngs[0], stem.parent / pngs[1], title)
     targets = target_rows(result)
     result["targets_check"] = [dict(zip(TARGET_HEADERS, row, strict=True)) for row in targets]
-    write_json(Path(files["json"]), result)
-    Path(files["markdown"]).write_text(to_markdown(result, files))
+    write_json(Path(f"{stem}.json"), result)
+    Path(f"{stem}.md").write_text(to_markdown(result, targets, pngs))
     print(markdown_table(SUMMARY_HEADERS, summary_rows(result["targets"])))
     print(markdown_table(TARGET_HEADERS, targets))
-    print(f"wrote {files['json']}, {files['markdown']} and {files['throughput_png']}, {files['p99_png']}")
-    return files
+    print(f"wrote {stem}.json, .md, -throughput.png and -p99.png ({result['wall_s']} s)")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="~2-3 min: concurrency 1,4,16; 1 s warm-up + 2 s steps")
-    parser.add_argument("--targets", help=f"comma-separated keys from: {', '.join(t['key'] for t in TARGETS)}")
-    parser.add_argument("--plan", help="JSON file overriding any key of the plan (see --print-plan)")
-    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=None)
-    parser.add_argument("--duration", dest="duration_s", type=float, default=None, help="measured s per step")
-    parser.add_argument("--warmup", dest="warmup_s", type=float, default=None, help="dropped s per step")
-    parser.add_argument("--max-requests", dest="max_requests", type=int, default=None, help="cap per step")
-    parser.add_argument("--repeat", type=int, default=None, help="run each target's workloads N times")
-    parser.add_argument("--open-rate", type=float, default=None, help="add an open-loop step at this rate (req/s)")
-    parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="for the baselines")
-    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--print-plan", action="store_true", help="print the plan as JSON and exit")
-    parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--render", type=Path, help="rewrite the .md and PNGs of an earlier run's JSON, run nothing")
+    add = parser.add_argument
+    add("--quick", action="store_true", help="concurrency 1,4,16,32; 1 s warm-up + 2 s steps")
+    add("--targets", help=f"comma-separated keys from: {', '.join(t.key for t in TARGETS)}")
+    add("--concurrency", type=lambda s: [int(x) for x in s.split(",")], help="of the sweep")
+    add("--duration", dest="duration_s", type=float, metavar="S", help="measured s per step (wrk: whole seconds)")
+    add("--warmup", dest="warmup_s", type=float, metavar="S", help="dropped s per step")
+    add("--out-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
-    if args.render:
-        write_outputs(json.loads(args.render.read_text()), args.render.with_suffix(""))
-        return 0
-    plan = load_plan(args)
-    if args.print_plan:
-        print(json.dumps(plan, indent=2))
-        return 0
-    env = print_environment()
-    run_stamp = stamp()
+    keys = args.targets.split(",") if args.targets else [t.key for t in TARGETS]
+    if unknown := sorted(set(keys) - {t.key for t in TARGETS}):
+        parser.error(f"unknown target(s) {unknown}")
+    if not shutil.which("wrk"):
+        parser.error("the closed-loop steps are sent by wrk: install it (apt-get install wrk)")
+    plan = {**(QUICK if args.quick else FULL), "timeout_s": 30.0, "client": "wrk"}
+    plan |= {k: getattr(args, k) for k in ("duration_s", "warmup_s", "concurrency") if getattr(args, k) is not None}
+    env, run_stamp, t0 = print_environment(), stamp(), time.perf_counter()
     log_dir = Path(tempfile.mkdtemp(prefix="bench-logs-"))
     print(f"server logs: {log_dir}", file=sys.stderr)
-    t0 = time.perf_counter()
-    targets = [run_target(t, plan, log_dir, not args.no_progress) for t in plan["targets"]]
-    result = {
-        "stamp": run_stamp,
-        "environment": env,
-        "corpus": describe_corpus(build_corpus(plan_sizes(plan))),
-        "plan": plan,
-        "wall_s": round(time.perf_counter() - t0, 1),
-        "targets": targets,
-    }
-    write_outputs(result, args.out_dir / f"{run_stamp}-{host_name()}")
-    print(f"({result['wall_s']} s)")
+    targets = [run_target(t, plan, log_dir) for t in TARGETS if t.key in keys]
+    corpus, wall_s = describe_corpus(build_corpus()), round(time.perf_counter() - t0, 1)
+    result = {"stamp": run_stamp, "environment": env, "corpus": corpus, "plan": plan, "wall_s": wall_s}
+    write_outputs({**result, "targets": targets}, args.out_dir / f"{run_stamp}-{host_name()}")
     return 1 if any(t.get("error") for t in targets) else 0
 
 

@@ -11,26 +11,33 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from statistics import mean
+from typing import Any
 
 import pytest
 
+from app import v2
+from app.config import Limits
+from app.http.reading import multipart_images
 from app.models import ModelFiles
 from app.preprocess import probe_dimensions
-from benchmarks import multipart
-from benchmarks.corpus import SIZES, build_corpus, parse_sizes, render
+from benchmarks.corpus import SIZES, CorpusImage, build_corpus, describe, render
 from benchmarks.load import (
     NonLoopbackURL,
+    Sample,
     Workload,
-    batch_url,
     build_payloads,
     closed_step,
-    closed_sweep,
+    multipart_body,
+    open_run,
     poisson_schedule,
     read_reply,
     require_loopback,
+    summarize,
+    v2_request,
+    wrk_step,
 )
 from benchmarks.report import markdown_table, steps_table
-from benchmarks.stats import knee, latency_summary, percentile, relative_spread
+from benchmarks.stats import knee, latency_summary, percentile
 
 # --- percentiles and the knee ----------------------------------------------------------------------------
 
@@ -63,11 +70,6 @@ def test_knee_ignores_missing_points_and_rejects_mismatched_lengths() -> None:
     assert knee([], []) is None
     with pytest.raises(ValueError):
         knee([1, 2], [1.0])
-
-
-def test_relative_spread() -> None:
-    assert relative_spread([90.0, 100.0, 110.0]) == pytest.approx(0.2)
-    assert relative_spread([1.0]) is None
 
 
 # --- the open-loop schedule ------------------------------------------------------------------------------
@@ -108,10 +110,10 @@ def test_corpus_is_deterministic_and_cached() -> None:
     assert build_corpus() is build_corpus()
 
 
-def test_parse_sizes() -> None:
-    assert parse_sizes("320x240, 1920X1080") == ((320, 240), (1920, 1080))
-    with pytest.raises(ValueError):
-        parse_sizes("320by240")
+def test_corpus_description() -> None:
+    corpus = build_corpus(((320, 240), (640, 480)))
+    kb = sorted(len(im.data) // 1000 for im in corpus)
+    assert describe(corpus) == f"{len(corpus)} JPEGs, sizes 320x240, 640x480 ({kb[0]}-{kb[-1]} kB)"
 
 
 # --- requests and replies -------------------------------------------------------------------------------
@@ -147,33 +149,45 @@ def test_non_loopback_urls_are_refused(url: str) -> None:
         require_loopback(url)
 
 
-def test_a_sweep_refuses_a_remote_target_before_sending_anything() -> None:
+def test_every_step_refuses_a_remote_target_before_sending_anything() -> None:
+    remote = Workload(url="http://192.0.2.10:8000/v1/classify")
     with pytest.raises(NonLoopbackURL):
-        asyncio.run(closed_sweep(Workload(url="http://192.0.2.10:8000/v1/classify"), [1], 1.0, 0.0, 1, False))
+        asyncio.run(closed_step(remote, 1, 1.0, 0.0, 1))
+    with pytest.raises(NonLoopbackURL):
+        asyncio.run(open_run(remote, 10.0, 1.0, 0.0))
+    with pytest.raises(NonLoopbackURL):
+        wrk_step(remote, 1, 1.0, 0.0)
 
 
-def test_batch_url_and_payloads() -> None:
-    assert batch_url("http://127.0.0.1:8000/v1/classify") == "http://127.0.0.1:8000/v1/classify/batch"
-    assert batch_url("http://127.0.0.1:8000/v1/classify/batch") == "http://127.0.0.1:8000/v1/classify/batch"
+def test_targets_and_payloads() -> None:
+    assert Workload(images_per_request=16).target == "http://127.0.0.1:8000/v1/classify/batch"
+    assert Workload("http://127.0.0.1:8000/v1/classify/").target == "http://127.0.0.1:8000/v1/classify"
     corpus = build_corpus()
     single = build_payloads(corpus, 1)
-    assert single[0].body == corpus[0].data and single[0].content_type == "image/jpeg"
+    assert single[0] == (corpus[0].data, {"Content-Type": "image/jpeg"})
     many = build_payloads(corpus, 16)
-    assert len(many) == len(corpus) and all(p.images == 16 for p in many)
-    boundary = multipart.boundary_of(many[0].content_type)
-    assert boundary is not None
-    parts = multipart.parse(many[0].body, boundary)
-    assert [p.data for p in parts] == [corpus[i % len(corpus)].data for i in range(16)]
-    assert {p.name for p in parts} == {"file"}
+    assert len(many) == len(corpus)
+    # The app's own multipart reader takes the load generator's bodies.
+    files = multipart_images(many[0][0], many[0][1]["Content-Type"], 64)
+    assert files == [corpus[i % len(corpus)].data for i in range(16)]
+    with pytest.raises(ValueError):
+        build_payloads(corpus, 2, "v2")
 
 
-def test_multipart_round_trip_keeps_bytes_that_look_like_delimiters() -> None:
+def test_multipart_body_keeps_bytes_that_look_like_delimiters() -> None:
     tricky = b"\r\n--not-the-boundary\r\n\r\n" + bytes(range(256))
-    body, ctype = multipart.encode([("a.jpg", tricky, "image/jpeg"), ("b.jpg", b"", "image/png")])
-    assert multipart.files(body, ctype) == [tricky, b""]
-    assert multipart.files(b"raw", "image/jpeg") == []
-    with pytest.raises(multipart.MultipartError):
-        multipart.files(body[:-10], ctype)
+    body, headers = multipart_body([CorpusImage("a", 1, 1, tricky), CorpusImage("b", 1, 1, b"\xff", "image/png")])
+    assert multipart_images(body, headers["Content-Type"], 2) == [tricky, b"\xff"]
+
+
+def test_v2_payloads_are_what_the_app_parses() -> None:
+    image = build_corpus(((320, 240),))[0].data
+    body, headers = v2_request(image, top_k=3)
+    req = v2.parse_infer_request(body, v2.parse_header_length(headers[v2.HEADER_LENGTH]), Limits(), (224, 224))
+    assert req.images == [image] and req.max_k == 3
+    wl = Workload("http://127.0.0.1:8000/v1/classify", "int8", protocol="v2")
+    assert wl.target == "http://127.0.0.1:8000/v2/models/efficientnet_lite0-int8/infer" and wl.headers() == {}
+    assert wl.payloads()[0][1]["Content-Type"] == v2.BINARY_CONTENT_TYPE
 
 
 def test_read_reply_takes_variant_and_batch_sizes() -> None:
@@ -198,7 +212,7 @@ def test_markdown_table() -> None:
 
 def test_steps_table_has_one_row_per_step() -> None:
     step = {
-        "mode": "closed",
+        "workload": "sweep",
         "concurrency": 4,
         "images_per_request": 1,
         "variant": "fp32",
@@ -210,10 +224,12 @@ def test_steps_table_has_one_row_per_step() -> None:
         "variants": {"fp32": 99},
         "median_batch_size": 1.0,
     }
-    lines = steps_table([step, {**step, "mode": "open", "rate": 20.0}]).splitlines()
-    assert len(lines) == 4
-    assert lines[2].startswith("| c=4 | 1 | fp32 | 100 | 50.0 |") and "503=1" in lines[2]
-    assert lines[3].startswith("| 20/s open |")
+    lines = steps_table([step, {**step, "workload": "batch", "errors": {}, "variant": None}]).splitlines()
+    assert len(lines) == 4 and lines[0].startswith("| workload | concurrency | images per request | variant |")
+    assert (
+        lines[2] == "| sweep | 4 | 1 | fp32 | 100 | 50.0 | 50.0 | 10.0 | 12.0 | 20.0 | 25.0 | 503=1 | fp32=99 | 1.0 |"
+    )
+    assert lines[3].startswith("| batch | 4 | 1 | n/a |") and "| - |" in lines[3]
 
 
 def _step(workload: str, concurrency: int, rps: float, variant: str = "fp32", **extra: object) -> dict[str, object]:
@@ -245,10 +261,13 @@ def test_targets_are_computed_from_the_steps_of_one_run() -> None:
     result = {
         "targets": [
             {"key": "fastapi", "steps": [_step("sweep", 1, 100.0), _step("sweep", 16, 140.0)]},
-            {"key": "single_default", "steps": [_step("ends", 1, 40.0), _step("ends", 32, 60.0)]},
+            {"key": "single_default", "steps": [_step("sweep", 1, 40.0), _step("sweep", 32, 60.0)]},
             {"key": "single", "steps": [_step("sweep", 1, 80.0), _step("sweep", 32, 150.0)]},
-            {"key": "app", "steps": [_step("sweep", 1, 50.0), _step("sweep", 32, 120.0), *app_batch]},
-            {"key": "nobatch", "steps": [_step("c32", 32, 80.0)]},
+            {
+                "key": "app",
+                "steps": [_step("sweep", 1, 50.0), _step("sweep", 32, 120.0), _step("v2", 32, 108.0), *app_batch],
+            },
+            {"key": "nobatch", "steps": [_step("sweep", 32, 80.0)]},
         ]
     }
     rows = {r[0]: dict(zip(TARGET_HEADERS, r, strict=True)) for r in target_rows(result)}
@@ -266,6 +285,8 @@ def test_targets_are_computed_from_the_steps_of_one_run() -> None:
     assert rows["16 images/request, c=8: INT8 / FP32 img/s, FastAPI + ORT, one process"]["ratio"] is None  # no steps
     assert (int8["ratio"], int8["met"]) == ("1.50x", False)  # the median pair, not the best one
     assert rows["dynamic batching on / off, single image, c=32"]["ratio"] == "1.50x"
+    v2_row = next(v for k, v in rows.items() if k.startswith("single image, FP32, c=32, app: V2 infer / /v1/classify"))
+    assert (v2_row["measured"], v2_row["ratio"], v2_row["met"]) == ("108.0 / 120.0 req/s", "0.90x", True)  # >= 0.9x
     assert rows["errors, app, every step (up to c=32)"]["met"] is True
     # A target that failed to start gives n/a, not a crash.
     result["targets"][1]["error"] = "did not start"
@@ -277,10 +298,10 @@ def test_the_nobatch_config_switches_off_both_kinds_of_batching_and_nothing_else
     import yaml
 
     from app.config import validate_serve_config
-    from benchmarks.run import write_nobatch_config
+    from benchmarks.run import write_config
     from tests.conftest import deployment, load_config
 
-    cfg = yaml.safe_load(write_nobatch_config(tmp_path).read_text())
+    cfg = yaml.safe_load(write_config(tmp_path, "nobatch").read_text())
     validate_serve_config(cfg)
     base = load_config("local.yaml")
     assert deployment(cfg, "Router")["user_config"]["coalesce_max"] == 1
@@ -290,19 +311,20 @@ def test_the_nobatch_config_switches_off_both_kinds_of_batching_and_nothing_else
     assert all(Path(v["model_path"]).is_absolute() for v in cfg["applications"][0]["args"]["variants"].values())
 
 
-def test_error_latency_is_reported_per_status() -> None:
-    from benchmarks.load import Sample, summarize
-
+def test_a_step_counts_what_was_due_in_the_window_and_what_completed_in_it() -> None:
     samples = [
-        Sample(1.0, 0.5, 200, 1),
-        Sample(1.1, 0.01, 503, 1),
-        Sample(1.2, 0.03, 503, 1),
-        Sample(1.3, 0, "timeout", 1),
+        Sample(0.5, 0.1, 200, "fp32", [4]),  # warm-up
+        Sample(1.0, 0.5, 200, "fp32", [8]),
+        Sample(1.1, 0.01, 503),
+        Sample(1.2, 0.03, 503),
+        Sample(1.3, 0, "timeout"),
+        Sample(2.9, 0.5, 200, "int8", [16]),  # due inside, done outside
     ]
-    out = summarize(samples, (0.0, 10.0), 0)
-    assert out["errors"] == {"503": 2, "timeout": 1}
-    assert set(out["error_latency_ms"]) == {"503"}
-    assert out["error_latency_ms"]["503"]["max_ms"] == pytest.approx(30.0)
+    out = summarize(Workload(images_per_request=2), samples, (1.0, 3.0), mode="closed", concurrency=4)
+    assert (out["requests"], out["ok"], out["errors"]) == (5, 2, {"503": 2, "timeout": 1})
+    assert (out["throughput_rps"], out["images_per_s"], out["window_s"]) == (0.5, 1.0, 2.0)
+    assert out["variants"] == {"fp32": 1, "int8": 1} and out["median_batch_size"] == 12
+    assert out["latency_ms"]["p50_ms"] == pytest.approx(500.0) and out["url"].endswith("/v1/classify/batch")
 
 
 # --- one tiny live run against the FastAPI baseline -----------------------------------------------------
@@ -348,13 +370,10 @@ def test_tiny_load_run_records_statuses_and_the_variant_split(fastapi_baseline: 
             duration_s=30,
             warmup_s=0,
             max_requests=10,
-            progress=False,
         )
     )
     served = asyncio.run(
-        closed_step(
-            Workload(url, None, sizes=small), concurrency=1, duration_s=30, warmup_s=0, max_requests=5, progress=False
-        )
+        closed_step(Workload(url, None, sizes=small), concurrency=1, duration_s=30, warmup_s=0, max_requests=5)
     )
     assert (int8["requests"], int8["ok"], int8["errors"]) == (10, 10, {})
     assert int8["variants"] == {"int8": 10}
@@ -368,20 +387,47 @@ def test_tiny_load_run_records_statuses_and_the_variant_split(fastapi_baseline: 
             duration_s=30,
             warmup_s=0,
             max_requests=2,
-            progress=False,
         )
     )
     assert (batch["ok"], batch["median_batch_size"], batch["images_per_request"]) == (2, 4, 4)
+
+
+def test_the_peer_answers_requests_by_the_apps_rules(fastapi_baseline: str) -> None:
+    import httpx
+
+    photo = build_corpus(((320, 240),))[0].data
+    with httpx.Client(base_url=fastapi_baseline, timeout=30) as client:
+        r = client.post("/v1/classify?top_k=2", content=photo, headers={"Content-Type": "image/jpeg"})
+        assert r.status_code == 200 and len(r.json()["predictions"]) == 2 and r.headers["X-Model-Variant"] == "fp32"
+        refused = {
+            415: client.post("/v1/classify", content=photo, headers={"Content-Type": "text/plain"}),
+            422: client.post("/v1/classify?top_k=0", content=photo, headers={"Content-Type": "image/jpeg"}),
+            400: client.post("/v1/classify", content=b"", headers={"Content-Type": "image/jpeg"}),
+        }
+        assert {status: r.status_code for status, r in refused.items()} == {415: 415, 422: 422, 400: 400}
+        body, headers = multipart_body([CorpusImage("ok", 1, 1, photo), CorpusImage("bad", 1, 1, b"not an image")])
+        r = client.post("/v1/classify/batch?top_k=1", content=body, headers=headers)
+        ok, bad = r.json()["results"]  # a bad image fails alone, as in the app
+        assert len(ok["predictions"]) == 1 and bad["error"]["code"] == "undecodable_image"
+
+
+def test_a_wrk_step_counts_statuses_variants_and_batch_sizes(fastapi_baseline: str) -> None:
+    small = ((320, 240),)
+    ok = wrk_step(Workload(f"{fastapi_baseline}/v1/classify", "int8", 2, sizes=small), 1, 1.0, 0.0)
+    assert ok["ok"] == ok["requests"] > 0 and ok["errors"] == {} and ok["client"] == "wrk"
+    assert (ok["variants"], ok["median_batch_size"], ok["latency_ms"]["p50_ms"] > 0) == ({"int8": ok["ok"]}, 2, True)
+    refused = wrk_step(Workload(f"{fastapi_baseline}/v1/classify", "bf16", sizes=small), 1, 1.0, 0.0)
+    assert refused["ok"] == 0 and refused["errors"] == {"422": refused["requests"]} and refused["throughput_rps"] == 0
 
 
 def test_the_ortcpu_config_forces_every_variant_onto_the_cpu_ep_and_nothing_else(tmp_path: Path) -> None:
     import yaml
 
     from app.config import validate_serve_config
-    from benchmarks.run import write_ortcpu_config
+    from benchmarks.run import write_config
     from tests.conftest import load_config
 
-    cfg = yaml.safe_load(write_ortcpu_config(tmp_path).read_text())
+    cfg = yaml.safe_load(write_config(tmp_path, "ortcpu").read_text())
     args = validate_serve_config(cfg)
     assert {v.engine for v in args.variants.values()} == {"cpu"}
     base = load_config("local.yaml")
@@ -392,10 +438,10 @@ def test_engine_auto_is_judged_against_the_forced_cpu_ep_only_when_it_chose_open
     from benchmarks.run import TARGET_HEADERS, engine_rows
 
     answers = {"fp32": {"top1": {"chelsea": 285}}, "int8": {"top1": {"chelsea": 285}}}
-    auto = {"fp32": {**answers["fp32"], "engine": "openvino"}, "int8": answers["int8"]}
+    auto: dict[str, dict[str, Any]] = {"fp32": {**answers["fp32"], "engine": "openvino"}, "int8": answers["int8"]}
     batch = [_step("batch", 8, 14.0, "fp32", pair=0), _step("batch", 8, 16.0, "fp32", pair=1)]
     forced = [_step("batch", 8, 10.0, "fp32", pair=0), _step("batch", 8, 10.0, "fp32", pair=1)]
-    result = {
+    result: dict[str, Any] = {
         "targets": [
             {"key": "app", "steps": batch, "engines": auto},
             {"key": "app_ortcpu", "steps": forced, "engines": answers},

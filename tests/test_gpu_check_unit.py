@@ -1,6 +1,6 @@
 """benchmarks/gpu_check.py without a GPU: the whole flow as a CPU dry run, the report, and the refusals.
 
-Pure: no Ray. Every run is tiny (batch 1 and 2, a few timed calls), so the module takes seconds.
+Pure: no Ray. Every run is tiny (batch 1 and 2, a few timed calls, in this process), so the module takes seconds.
 """
 
 from __future__ import annotations
@@ -15,19 +15,18 @@ from app.models import ModelFiles
 from app.runtime.ort_engine import missing_libraries, usable_providers
 from app.runtime.plan import CPU, CUDA, TENSORRT
 from benchmarks import gpu_check
-from benchmarks.gpu_check import TARGET_NAMES, batch_table, main
+from benchmarks.gpu_check import TARGET_NAMES, TARGETS, Check, batch_table, run
 
-FAST = ["--batches", "1,2", "--budget", "0.01", "--warmup", "1", "--min-runs", "2", "--max-runs", "3"]
+FAST = {"warmup": 1, "min_runs": 2, "max_runs": 3, "budget_s": 0.01}
 
 
-def _trt_int8(files: ModelFiles) -> str:
-    """The TensorRT artifact when it is built, else the CPU INT8 one as a stand-in (the CPU EP runs either)."""
+def _check(files: ModelFiles, out_dir: Path, **over: Any) -> Check:
+    """A dry run of every target at batch 1 and 2 in this process; the TensorRT artifact when it is built, else
+    the CPU INT8 one as a stand-in (the CPU EP runs either)."""
     trt = files.root / "efficientnet_lite0-int8-trt.onnx"
-    return str(trt if trt.is_file() else files.int8)
-
-
-def _models(files: ModelFiles) -> list[str]:
-    return ["--fp32", str(files.fp32), "--int8", str(files.int8), "--trt-int8", _trt_int8(files)]
+    models = {"fp32": str(files.fp32), "int8": str(files.int8), "trt_int8": str(trt if trt.is_file() else files.int8)}
+    settings: dict[str, Any] = {"batches": (1, 2), "dry_run": True, "models": models, "timing": FAST}
+    return Check(**{**settings, "isolate": False, "out_dir": out_dir, **over})
 
 
 def _table_rows(markdown: str) -> list[list[str]]:
@@ -45,21 +44,8 @@ def _table_rows(markdown: str) -> list[list[str]]:
 @pytest.fixture(scope="module")
 def dry_run(model_files: ModelFiles, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("gpu-check")
-    cache = tmp_path_factory.mktemp("gpu-check-cache") / "kept"
-    rc = main(
-        [
-            "--cpu-dry-run",
-            "--in-process",
-            "--out-dir",
-            str(out),
-            "--cache-dir",
-            str(cache),
-            *FAST,
-            *_models(model_files),
-        ]
-    )
-    files = sorted(out.iterdir())
-    return {"rc": rc, "files": files, "out": out, "cache": cache}
+    rc = run(_check(model_files, out))
+    return {"rc": rc, "files": sorted(out.iterdir())}
 
 
 def _json(run: dict[str, Any]) -> dict[str, Any]:
@@ -86,18 +72,17 @@ def test_the_dry_run_writes_json_and_markdown_beside_it_with_every_target_and_ba
 
 
 def test_every_node_of_the_dry_run_is_placed_and_all_on_the_cpu_ep(dry_run: dict[str, Any]) -> None:
-    for name, r in _json(dry_run)["targets"].items():
-        placement = r["placement"]
-        assert placement["intended_provider"] == CPU, name
-        assert set(placement["nodes_per_provider"]) == {CPU}, name
-        assert placement["nodes_per_provider"][CPU] == placement["nodes"] == placement["on_intended"] > 0
-        assert placement["not_on_intended"] == []
+    targets = _json(dry_run)["targets"]
+    for name, r in targets.items():
+        assert r["intended_provider"] == CPU, name
+        placement = r["cold_start"]["placement"]
+        assert set(placement) == {CPU} and r["nodes_per_provider"] == {CPU: len(placement[CPU])}, name
+        assert len(placement[CPU]) > 0 and r["not_on_intended"] == []
         assert r["cached_placement_same"] is True
         assert [p["name"] for p in r["ran"]["providers"]] == [CPU]
-        assert r["cold_start"]["requested_providers"] == r["cold_start"]["session_providers"] == [CPU]
+        assert r["cold_start"]["requested_providers"] == r["cold_start"]["providers"] == [CPU]
     # the QDQ graph has its Quantize/Dequantize nodes: more nodes than the FP32 graph it came from
-    targets = _json(dry_run)["targets"]
-    assert targets["cuda-qdq-int8"]["placement"]["nodes"] > targets["cuda-fp32"]["placement"]["nodes"]
+    assert targets["cuda-qdq-int8"]["nodes_per_provider"][CPU] > targets["cuda-fp32"]["nodes_per_provider"][CPU]
 
 
 def test_cold_and_cached_start_are_both_reported(dry_run: dict[str, Any]) -> None:
@@ -109,7 +94,7 @@ def test_cold_and_cached_start_are_both_reported(dry_run: dict[str, Any]) -> Non
             assert start["engine_cache"] == {"files": 0, "bytes": 0}  # the CPU EP writes no engine
         assert r["cached_start_rebuilt"] is False
         assert "batches" not in r["cold_start"] and "batches" not in r["cached_start"]
-        assert r["cache_dir"] == str(dry_run["cache"] / name)
+        assert Path(r["cache_dir"]).name == name  # each target builds into its own directory
 
 
 def test_the_dry_run_records_the_gpu_providers_the_real_run_would_request(dry_run: dict[str, Any]) -> None:
@@ -148,11 +133,10 @@ def test_the_table_has_one_row_per_target_and_batch(dry_run: dict[str, Any]) -> 
 
 
 def test_the_table_is_printed_too(model_files: ModelFiles, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["--cpu-dry-run", "--in-process", "--targets", "cuda-fp32", "--out-dir", str(tmp_path), *FAST]
-    assert main([*args, *_models(model_files)]) == 0
+    assert run(_check(model_files, tmp_path, targets=[TARGETS[2]])) == 0
     out = capsys.readouterr().out
     assert [(r[0], r[1]) for r in _table_rows(out)] == [("cuda-fp32", "1"), ("cuda-fp32", "2")]
-    # without --cache-dir the engine caches go to a temporary directory, removed afterwards
+    # the engine caches go to a temporary directory, removed afterwards
     [path] = tmp_path.glob("*.json")
     cache_root = Path(json.loads(path.read_text())["targets"]["cuda-fp32"]["cache_dir"]).parent
     assert cache_root.name.startswith("gpu-check-cache-") and not cache_root.exists()
@@ -164,7 +148,7 @@ def test_the_table_is_printed_too(model_files: ModelFiles, tmp_path: Path, capsy
 def test_without_the_gpu_libraries_it_exits_2_naming_them(
     model_files: ModelFiles, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["--out-dir", str(tmp_path), *FAST, *_models(model_files)]) == 2
+    assert run(_check(model_files, tmp_path, dry_run=False)) == 2
     err = capsys.readouterr().err
     missing = set(missing_libraries(TENSORRT)) | set(missing_libraries(CUDA))
     assert missing, "no library missing, yet the providers are unusable"
@@ -174,64 +158,53 @@ def test_without_the_gpu_libraries_it_exits_2_naming_them(
     assert list(tmp_path.iterdir()) == []
     # only the CUDA targets: TensorRT's own libraries are not asked for
     if missing_libraries(CUDA):
-        assert main(["--targets", "cuda-fp32", "--out-dir", str(tmp_path), *FAST, *_models(model_files)]) == 2
+        assert run(_check(model_files, tmp_path, dry_run=False, targets=[TARGETS[2]])) == 2
         err = capsys.readouterr().err
         assert TENSORRT not in err and "libnvinfer" not in err and missing_libraries(CUDA)[0] in err
 
 
-def test_a_cache_directory_with_files_in_it_is_refused(
-    model_files: ModelFiles, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    cache = tmp_path / "cache"
-    (cache / "trt-fp16" / "old").mkdir(parents=True)
-    (cache / "trt-fp16" / "old" / "model.engine").write_bytes(b"x")
-    args = ["--cpu-dry-run", "--in-process", "--cache-dir", str(cache), "--out-dir", str(tmp_path / "out"), *FAST]
-    assert main([*args, *_models(model_files)]) == 2
-    assert "trt-fp16" in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
-
-
-def test_a_missing_model_file_is_refused_before_anything_runs(
-    model_files: ModelFiles, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    gone = str(tmp_path / "no-such-int8-trt.onnx")
-    args = ["--cpu-dry-run", "--in-process", "--out-dir", str(tmp_path / "out"), *FAST, *_models(model_files)]
-    assert main([*args, "--trt-int8", gone]) == 2
-    assert gone in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
+def test_a_missing_model_file_fails_its_targets_only(model_files: ModelFiles, tmp_path: Path) -> None:
+    check = _check(model_files, tmp_path, targets=[TARGETS[0], TARGETS[3]])
+    gone = check.models["trt_int8"] = str(tmp_path / "no-such-int8-trt.onnx")
+    assert run(check) == 1
+    [path] = tmp_path.glob("*.json")
+    targets = json.loads(path.read_text())["targets"]
+    assert targets["trt-int8"]["error"].startswith("planning:") and gone in targets["trt-int8"]["error"]
+    assert "error" not in targets["cuda-qdq-int8"]
 
 
 def test_a_target_that_fails_is_reported_and_the_others_still_run(model_files: ModelFiles, tmp_path: Path) -> None:
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"not an onnx model")
-    args = ["--cpu-dry-run", "--in-process", "--out-dir", str(tmp_path), *FAST, *_models(model_files)]
-    targets = "trt-fp16,cuda-fp32,cuda-qdq-int8"
-    assert main([*args, "--fp32", str(broken), "--targets", targets]) == 1
+    check = _check(model_files, tmp_path, targets=TARGETS[1:])
+    check.models["fp32"] = str(broken)
+    assert run(check) == 1
     [path] = tmp_path.glob("*.json")
     result = json.loads(path.read_text())
     assert result["targets"]["trt-fp16"]["error"].startswith("planning:")  # TensorRT's options read the model
     assert result["targets"]["cuda-fp32"]["error"].startswith("cold start:")
     assert "error" not in result["targets"]["cuda-qdq-int8"]
-    assert result["speedup_vs_reference"] == {}  # the reference did not run
     rows = _table_rows(batch_table(result))
     assert len(rows) == 6
-    assert all(r[7].startswith("failed") for r in rows if r[0] != "cuda-qdq-int8")
-    assert all(r[5] != "n/a" for r in rows if r[0] == "cuda-qdq-int8")
+    assert all(r[7].startswith("failed") and r[6] == "n/a" for r in rows if r[0] != "cuda-qdq-int8")
+    assert all(r[5] != "n/a" and r[6] == "n/a" for r in rows if r[0] == "cuda-qdq-int8")  # the reference did not run
 
 
 def test_each_start_can_run_in_a_fresh_process(model_files: ModelFiles, tmp_path: Path) -> None:
-    args = ["--cpu-dry-run", "--targets", "cuda-fp32", "--batches", "1", "--budget", "0.01", "--min-runs", "2"]
-    assert main([*args, "--out-dir", str(tmp_path), *_models(model_files)]) == 0
+    check = _check(model_files, tmp_path, targets=[TARGETS[2]], batches=(1,), isolate=True)
+    assert run(check) == 0
     [path] = tmp_path.glob("*.json")
     result = json.loads(path.read_text())
     r = result["targets"]["cuda-fp32"]
-    assert result["isolation"] == r["isolation"] == "process"
+    assert result["isolate"] is True
     assert r["cold_start"]["session_s"] > 0 and r["cached_start"]["session_s"] > 0
-    assert r["placement"]["nodes_per_provider"] == {CPU: r["placement"]["nodes"]}
+    assert set(r["nodes_per_provider"]) == {CPU}
 
 
-@pytest.mark.parametrize("bad", [["--batches", "0,8"], ["--batches", ""], ["--targets", "trt-int4"]])
-def test_bad_arguments_are_refused(bad: list[str]) -> None:
+def test_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
-        gpu_check.parse_args(bad)
+        gpu_check.main(["--help"])
+    assert e.value.code == 0 and "--cpu-dry-run" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        gpu_check.main(["--batches", "1"])  # the batches and targets are fixed: README "Engines"
     assert e.value.code == 2

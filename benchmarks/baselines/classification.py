@@ -1,119 +1,117 @@
-"""What the classifying baselines share: model files, labels, top-k replies, request parsing, errors.
-
-Replies follow the app's contract: {"request_id", "variant", "model", "predictions", "timings_ms"}, and
-errors are {"error": {"code", "message"}} with the status from app.errors.
+"""What the classifying peers share: the models, and the app's own request reading (app.http.reading with the
+default app.config.Limits) and top-k (app.runtime.outputs), so every server in a comparison answers a request
+the same way. Replies: {"variant", "model", "predictions", "timings_ms"}, {"results": [...]} for a batch (a bad
+image fails alone); errors: {"error": {"code", "message"}} with app.errors' status.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Mapping
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
-from app import guards
+from app.config import Limits
 from app.errors import ServiceError
+from app.http import reading
 from app.models import MODEL_NAME, ModelFiles, default_files
 from app.preprocess import preprocess
-from app.runtime import OrtEngine, RuntimeOptions, onnxruntime_engine, softmax
-from benchmarks import multipart
+from app.runtime import onnxruntime_engine, outputs
+from benchmarks.device import runtime_options
 
+LIMITS = Limits()
 DEFAULT_VARIANT = "fp32"
-MAX_TOP_K = 20
+
+
+class Models:
+    """Both variants' ONNX Runtime sessions, loaded once (not per request), and the labels."""
+
+    def __init__(self, device: str = "auto", threads: int | None = None, files: ModelFiles | None = None) -> None:
+        files, opts = files or default_files(), runtime_options(device, threads)
+        self.runners = {"fp32": onnxruntime_engine(files.fp32, opts), "int8": onnxruntime_engine(files.int8, opts)}
+        self.labels = files.labels.read_text().splitlines()
+        self.size = self.runners[DEFAULT_VARIANT].spec.height
+
+    def health(self) -> dict[str, Any]:
+        providers, threads = {v: r.active_provider for v, r in self.runners.items()}, self.runners["fp32"].opts.threads
+        return {"status": "ok", "model": MODEL_NAME, "providers": providers, "threads": threads}
+
+
+@dataclass(frozen=True)
+class Asked:
+    variant: str
+    top_k: int
+    images: list[bytes]
+    many: bool  # /v1/classify/batch
+
+
+def read_request(request: Request, body: bytes, many: bool, variants: Sequence[str]) -> Asked:
+    """/v1/classify (raw image or one multipart `file`) or /v1/classify/batch (`file` parts), by the app's rules."""
+    top_k = reading.top_k(request.query_params.get("top_k"), LIMITS)
+    variant = request.headers.get("x-model-variant") or DEFAULT_VARIANT
+    if variant not in variants:
+        raise ServiceError("unknown_variant", f"variant {variant!r} is not served; choose one of {sorted(variants)}")
+    if len(body) > LIMITS.max_body_bytes:
+        raise ServiceError("payload_too_large", f"{len(body)} bytes; the limit is {LIMITS.max_body_bytes}")
+    content_type = request.headers.get("content-type")
+    if not many:
+        return Asked(variant, top_k, [reading.single_image(body, content_type)], many)
+    reading.check_batch_media(content_type)
+    return Asked(variant, top_k, reading.multipart_images(body, content_type or "", LIMITS.max_batch_files), many)
 
 
 @dataclass(frozen=True)
 class Classified:
-    """One image's result before it becomes a reply."""
-
     variant: str
     probabilities: np.ndarray
-    decode_ms: float
-    inference_ms: float
     batch_size: int
 
 
-def model_paths(files: ModelFiles | None = None) -> dict[str, str]:
-    files = files or default_files()
-    return {"fp32": str(files.fp32), "int8": str(files.int8)}
+def classify(models: Models, items: Sequence[tuple[bytes, str]]) -> list[Classified | ServiceError]:
+    """(image, variant) pairs: each decoded, then one inference call per variant; a bad image fails alone."""
+    out: list[Classified | ServiceError] = [ServiceError("replica_failed", "not classified")] * len(items)
+    groups: dict[str, list[tuple[int, np.ndarray]]] = {}
+    for i, (data, variant) in enumerate(items):
+        try:
+            groups.setdefault(variant, []).append((i, preprocess(data, models.size)))
+        except ServiceError as e:
+            out[i] = e
+    for variant, group in groups.items():
+        try:
+            logits = models.runners[variant].logits(np.stack([tensor for _, tensor in group]))
+            for (i, _), p in zip(group, outputs.softmax(logits.astype(np.float32)), strict=True):
+                out[i] = Classified(variant, p, len(group))
+        except Exception as e:
+            for i, _ in group:
+                out[i] = ServiceError("replica_failed", f"{type(e).__name__}: {e}")
+    return out
 
 
-def load_runners(opts: RuntimeOptions, files: ModelFiles | None = None) -> dict[str, OrtEngine]:
-    return {name: onnxruntime_engine(path, opts) for name, path in model_paths(files).items()}
+def answer(asked: Asked, results: list[Classified | ServiceError], labels: list[str], start: float) -> JSONResponse:
+    """The reply to a request whose images gave `results`; a single image's error is raised."""
+
+    def entry(r: Classified | ServiceError) -> dict[str, Any]:
+        if isinstance(r, ServiceError):
+            if asked.many:
+                return r.body()
+            raise r
+        top = outputs.top_k(r.probabilities, asked.top_k)
+        return {
+            "variant": r.variant,
+            "model": MODEL_NAME,
+            "predictions": [{"class_id": c, "label": labels[c], "score": round(p, 6)} for c, p in top],
+            "timings_ms": {"total": round((time.perf_counter() - start) * 1000, 3), "batch_size": r.batch_size},
+        }
+
+    body = {"results": [entry(r) for r in results]} if asked.many else entry(results[0])
+    return JSONResponse(body, headers={"X-Model-Variant": asked.variant})
 
 
-def load_labels(files: ModelFiles | None = None) -> list[str]:
-    path = (files or default_files()).labels
-    if not path.is_file():
-        raise FileNotFoundError(f"labels not found: {path} (run `python -m app.models build`)")
-    return path.read_text().splitlines()
-
-
-def choose_variant(headers: Mapping[str, str], available: Mapping[str, Any]) -> str:
-    wanted = headers.get("x-model-variant") or DEFAULT_VARIANT
-    if wanted not in available:
-        raise ServiceError("unknown_variant", f"variant {wanted!r} is not served; choose one of {sorted(available)}")
-    return wanted
-
-
-def parse_top_k(raw: str | None) -> int:
-    """The app's own rule (app.guards.parse_top_k): the peers answer `?top_k=` exactly as the app does."""
-    return guards.parse_top_k(raw, 5, MAX_TOP_K)
-
-
-def request_images(body: bytes, content_type: str, many: bool) -> list[bytes]:
-    """The image bytes of a request: the raw body, or the multipart `file` part(s)."""
-    try:
-        found = multipart.files(body, content_type)
-    except multipart.MultipartError as e:
-        raise ServiceError("bad_multipart", str(e)) from e
-    if multipart.boundary_of(content_type) is None:
-        if many:
-            raise ServiceError("unsupported_media_type", "the batch endpoint takes multipart/form-data `file` parts")
-        if not body:
-            raise ServiceError("empty_body", "the request carried no image bytes")
-        return [body]
-    if not found:
-        raise ServiceError("missing_file", "multipart body has no `file` part")
-    return found if many else found[:1]
-
-
-def decode(data: bytes, size: int) -> np.ndarray:
-    return preprocess(data, size)
-
-
-def predictions(probs: np.ndarray, labels: list[str], top_k: int) -> list[dict[str, Any]]:
-    top = np.argsort(-probs)[:top_k]
-    return [{"class_id": int(i), "label": labels[i], "score": round(float(probs[i]), 6)} for i in top]
-
-
-def reply(result: Classified, labels: list[str], top_k: int, total_ms: float) -> dict[str, Any]:
-    return {
-        "request_id": uuid.uuid4().hex,
-        "variant": result.variant,
-        "model": MODEL_NAME,
-        "predictions": predictions(result.probabilities, labels, top_k),
-        "timings_ms": {
-            "decode": round(result.decode_ms, 3),
-            "inference": round(result.inference_ms, 3),
-            "total": round(total_ms, 3),
-            "batch_size": result.batch_size,
-        },
-    }
-
-
-def error_reply(e: ServiceError) -> tuple[int, dict[str, Any], dict[str, str]]:
-    """(status, body, headers) for a ServiceError."""
-    return e.status, e.body(), e.headers()
-
-
-def internal_error(e: Exception) -> ServiceError:
-    """An unexpected failure reported as a retryable 503, never a bare 500."""
-    return ServiceError("replica_failed", f"{type(e).__name__}: {e}")
-
-
-def infer(runner: OrtEngine, images: list[np.ndarray]) -> np.ndarray:
-    """Probabilities [n, classes] for preprocessed images."""
-    return softmax(runner.logits(np.stack(images)).astype(np.float32))
+async def error_response(_: Any, e: Exception) -> JSONResponse:
+    """Any failure as the app reports it; an unexpected one as a retryable 503, never a bare 500."""
+    err = e if isinstance(e, ServiceError) else ServiceError("replica_failed", f"{type(e).__name__}: {e}")
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers())

@@ -1,15 +1,9 @@
-"""Ray Serve's floor: one deployment that reads the request body and returns its length.
-
-Whatever this cannot exceed, no Serve app can: the proxy, the handle call and the replica's event loop,
-with no decoding and no model. Same routes as the app (POST /v1/classify, GET /healthz).
-
-    serve run benchmarks.baselines.serve_echo:app              # on port 8000
-    python -m benchmarks.baselines.serve_echo --port 8102      # own local Ray instance
+"""Ray Serve's floor: one deployment that reads the request body and returns its length. Whatever this cannot
+exceed, no Serve app can: the proxy, the handle call and the replica's event loop, with no decoding and no
+model. Same routes as the app (POST /v1/classify, GET /healthz); `serve run benchmarks.baselines.serve_echo:app`.
 """
 
 from __future__ import annotations
-
-import argparse
 
 from ray import serve
 from starlette.requests import Request
@@ -24,22 +18,12 @@ class Echo:
     async def __call__(self, request: Request) -> JSONResponse:
         if request.url.path.rstrip("/") == "/healthz":
             return JSONResponse({"status": "ok"})
-        body = await request.body()
-        return JSONResponse({"bytes": len(body)})
+        return JSONResponse({"bytes": len(await request.body())})
 
 
-app = Echo.bind()
-
-
-def main(argv: list[str] | None = None) -> None:
-    from benchmarks.baselines.serve_local import serve_until_signalled
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--port", type=int, default=8102)
-    parser.add_argument("--num-cpus", type=float, default=None, help="CPUs of the private Ray instance (default: all)")
-    args = parser.parse_args(argv)
-    serve_until_signalled(app, args.port, args.num_cpus, name="serve_echo")
-
+app = Echo.bind()  # type: ignore[attr-defined]
 
 if __name__ == "__main__":
-    main()
+    from benchmarks.baselines.serve_local import serve_main
+
+    serve_main(__doc__, 8102, "serve_echo", lambda device: app)
