@@ -230,8 +230,7 @@ class Classifier:
         # Engines release the GIL; running them off the event loop keeps requests flowing into the queue.
         logits = await loop.run_in_executor(self._executor, self._infer, x)
         inference_ms = _ms(time.perf_counter() - started)
-        self.metrics.batch_size.observe(len(x), tags={"variant": self.variant})
-        self.metrics.batch_ms.observe(inference_ms, tags={"variant": self.variant})
+        self.metrics.record_batch(self.variant, len(x), inference_ms)
         out, row = [], 0
         for it in items:
             n = len(it.pixels)

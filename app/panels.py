@@ -81,7 +81,7 @@ PANELS: tuple[Panel, ...] = (
         "short",
         (
             Target(
-                f"{_rate('ray_app_batch_size_sum', 'variant')} / {_rate('ray_app_batch_size_count', 'variant')}",
+                f"{_rate('ray_app_batch_images_total', 'variant')} / {_rate('ray_app_batches_total', 'variant')}",
                 "{{variant}} mean",
             ),
             Target(_quantile(0.5, "ray_app_batch_size", "variant", "1m"), "{{variant}} p50", dashed=True),

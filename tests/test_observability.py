@@ -90,6 +90,9 @@ def test_metrics_reach_prometheus_with_labels_and_counts(local_app: ServeDeploye
     for stage in ("receive", "preprocess", "queue", "inference", "total"):
         assert total(samples, "ray_app_stage_latency_ms_count", stage=stage, variant="fp32") >= 6, stage
     assert total(samples, "ray_app_batch_size_count", variant="fp32") >= 1
+    # the mean batch size from exact counts (a histogram's exported _sum is estimated from its buckets)
+    images, batches = (total(samples, f"ray_app_{n}_total", variant="fp32") for n in ("batch_images", "batches"))
+    assert images >= batches >= 1
     assert total(samples, "ray_app_input_bytes_count") >= 7
     assert total(samples, "ray_app_input_pixels_count") >= 6
     providers = [lab for n, lab, v in samples if n == "ray_app_execution_provider" and v == 1]
@@ -97,13 +100,20 @@ def test_metrics_reach_prometheus_with_labels_and_counts(local_app: ServeDeploye
     assert {(p["variant"], p["provider"]) for p in providers} >= {
         (v, models[v]["execution_provider"]) for v in ("fp32", "int8")
     }
-    # Each replica's own start-up measurement, per batch size, on the engine it chose.
-    measured = {
-        (lab["variant"], lab["engine"], lab["batch"])
-        for n, lab, _ in samples
-        if n == "ray_app_engine_images_per_second"
-    }
-    assert measured >= {(v, models[v]["engine"], b) for v in ("fp32", "int8") for b in ("1", "16")}
+
+    # Each replica's own start-up measurement, per batch size, on the engine it chose (as /v1/models says now).
+    # Gauges reach the scrape some seconds after they are set, and a replaced replica's series linger: poll.
+    def measured() -> set[tuple[str, str, str]] | None:
+        now = httpx.get(local_app.url + "/v1/models", timeout=10).json()["variants"]
+        wanted = {(v, now[v]["engine"], b) for v in ("fp32", "int8") for b in ("1", "16")}
+        got = {
+            (lab["variant"], lab["engine"], lab["batch"])
+            for n, lab, _ in scrape()
+            if n == "ray_app_engine_images_per_second"
+        }
+        return got if got >= wanted else None
+
+    wait_until(measured, 60, 1.0, "start-up measurements of the engines /v1/models names")
     gate = [v for n, lab, v in samples if n == "ray_app_speed_gate_speedup" and lab["variant"] == "int8"]
     assert gate == [models["int8"]["speed_gate"]["speedup"]]
     # Serve's own tags are on every sample
