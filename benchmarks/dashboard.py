@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import yaml
 
-from app.panels import PANELS, Panel
-from benchmarks.report import pyplot
+from app.panels import PANELS
+from benchmarks.report import pyplot, save_figure
 from benchmarks.server_process import ServerProcess, ServerStartError
 
 UNITS = {"reqps": "per second", "ms": "ms", "short": "", "percentunit": "share", "decmbytes": "MB"}
@@ -93,12 +93,12 @@ def legend(fmt: str, labels: dict[str, str]) -> str:
     return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: labels.get(m[1], ""), fmt).strip() or " ".join(labels.values())
 
 
-def fetch(prom: Prometheus, start: float, end: float, step_s: float, panels: Sequence[Panel] = PANELS) -> list[Any]:
+def fetch(prom: Prometheus, start: float, end: float, step_s: float) -> list[Any]:
     """Every panel's series between two unix times: [{"title", "unit", "log_y", "share", "series": [{"name",
     "dashed", "points": [[x, y], ...]}]}], x in seconds since `start`; a share panel's points are (bucket upper
     bound, share of observations in that bucket) at `end`, one series per label set besides `le`."""
     out, step_s = [], max(step_s, (end - start) / 10_000)  # Prometheus answers at most 11,000 points a series
-    for panel in panels:
+    for panel in PANELS:
         series: list[dict[str, Any]] = []
         out.append({"title": panel.title, "unit": panel.unit, "log_y": panel.log_y, "share": panel.share})
         out[-1]["series"] = series
@@ -117,14 +117,6 @@ def fetch(prom: Prometheus, start: float, end: float, step_s: float, panels: Seq
                 pairs.sort()
                 shares = [[le, c - (pairs[i - 1][1] if i else 0.0)] for i, (le, c) in enumerate(pairs)]
                 series.append({"name": name, "dashed": False, "points": [p for p in shares if math.isfinite(p[1])]})
-    return out
-
-
-def save(fig: Any, out: Path, dpi: int = 110) -> Path:
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # room for the suptitle
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=dpi)
-    pyplot().close(fig)
     return out
 
 
@@ -153,4 +145,4 @@ def render(panels: Sequence[dict[str, Any]], out: Path, title: str) -> Path:
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=10)
-    return save(fig, out)
+    return save_figure(fig, out)

@@ -1,4 +1,4 @@
-"""Where inference runs: --device cpu|cuda|auto, and what a process holds in host and device memory."""
+"""Where inference runs: --device cpu|cuda|auto, and what the GPU holds (a process's own memory: benchmarks.procs)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import psutil
-
 from app.runtime import RuntimeOptions
 
 
@@ -16,29 +14,6 @@ def runtime_options(device: str, threads: int | None = None) -> RuntimeOptions:
     """cuda insists on the GPU (loading fails without one), auto uses one when /dev has an NVIDIA device."""
     prefer_gpu = device == "cuda" or (device == "auto" and any(Path("/dev").glob("nvidia[0-9]*")))
     return RuntimeOptions(threads=threads or os.cpu_count() or 1, prefer_gpu=prefer_gpu, require_gpu=device == "cuda")
-
-
-def rss_mib() -> float:
-    """Resident memory of this process."""
-    return float(psutil.Process().memory_info().rss / 2**20)
-
-
-def peak_rss_mib(pid: int | str = "self") -> float | None:
-    """VmHWM, the peak RSS since start or reset_peak_rss (psutil has no equivalent); None when it is gone."""
-    try:
-        line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmHWM:"))
-        return int(line.split()[1]) / 1024
-    except (OSError, StopIteration):
-        return None
-
-
-def reset_peak_rss() -> bool:
-    """Make VmHWM start again from the current RSS (Linux >= 4.0); False where the kernel refuses."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
 
 
 def nvidia_smi(*query: str) -> list[list[str]] | None:

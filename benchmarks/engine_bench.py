@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp
-from benchmarks.report import markdown_table, write_json
+from benchmarks.report import markdown_table, write_report
 
 ENGINES = ("cpu", "openvino")
 BATCHES, THREADS, PARALLEL = (1, 16), 1, 2  # PARALLEL: local.yaml's max_concurrent_batches
@@ -75,12 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         if path.is_file():
             print(f"{name}: {path.name}", file=sys.stderr, flush=True)
             result["models"][name] = bench_model(path)
-    stem = RESULTS_DIR / f"engine_bench-{stamp()}-{host_name()}"
-    table = markdown_table(HEADERS, rows(result))
-    write_json(stem.with_suffix(".json"), result)
-    stem.with_suffix(".md").write_text(table + "\n")
-    print(table)
-    print(f"wrote {stem}.json and .md", file=sys.stderr)
+    table = markdown_table(HEADERS, rows(result)) + "\n"
+    print(table + write_report(RESULTS_DIR / f"engine_bench-{stamp()}-{host_name()}", result, table))
     return 0
 
 

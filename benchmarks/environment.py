@@ -18,7 +18,8 @@ import psutil
 from benchmarks.device import nvidia_smi
 
 PACKAGES = "ray onnxruntime-gpu onnxruntime openvino numpy opencv-python-headless fastapi uvicorn".split()  # noqa: SIM905
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO / "benchmarks" / "results"
 
 
 def cpu_model() -> str:
@@ -37,9 +38,9 @@ def host_name() -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "host"
 
 
-def stamp(now: datetime | None = None) -> str:
+def stamp() -> str:
     """Date and time for result file names: runs on one day do not overwrite each other."""
-    return (now or datetime.now()).strftime("%Y-%m-%d-%H%M%S")
+    return datetime.now().strftime("%Y-%m-%d-%H%M%S")
 
 
 def describe_environment() -> dict[str, Any]:

@@ -30,7 +30,7 @@ from app.runtime import RuntimeOptions
 from app.runtime.plan import CPU, CUDA, TENSORRT, EngineChoice, TensorRTOptions, cpu_choice, plan_engines
 from benchmarks.environment import RESULTS_DIR, format_environment, host_name, print_environment, stamp
 from benchmarks.model_bench import in_fresh_process, measure_batch
-from benchmarks.report import markdown_table, write_json
+from benchmarks.report import markdown_table, write_report
 
 BATCHES = (1, 8, 32, 64)
 MAX_BATCH = 64  # the TensorRT profile spans 1..64 as served (TensorRTOptions.max_batch_size)
@@ -72,7 +72,6 @@ TARGETS = (
     Target("cuda-fp32", "fp32", CUDA, "fp32", False, "FP32 model on the CUDA EP"),
     Target("cuda-qdq-int8", "int8", CUDA, "int8", False, "CPU INT8 (QDQ) on the CUDA EP"),
 )
-TARGET_NAMES = tuple(t.name for t in TARGETS)  # tests/test_gpu_check_unit.py
 
 
 def default_models() -> dict[str, str]:
@@ -265,10 +264,8 @@ def run(check: Check) -> int:
     result |= {"reference": REFERENCE, "targets": results}
     stem = check.out_dir / f"{stamp()}-{host_name()}-gpu{'-dryrun' if check.dry_run else ''}"
     markdown = to_markdown(result)
-    write_json(stem.with_name(stem.name + ".json"), result)
-    stem.with_name(stem.name + ".md").write_text(f"{markdown}\n## Environment\n\n```\n{format_environment(env)}\n```\n")
-    print(markdown)
-    print(f"wrote {stem}.json and {stem}.md")
+    wrote = write_report(stem, result, f"{markdown}\n## Environment\n\n```\n{format_environment(env)}\n```\n")
+    print(f"{markdown}\n{wrote}")
     return 1 if any("error" in r for r in results.values()) else 0
 
 

@@ -41,11 +41,10 @@ import numpy as np
 
 from app.config import Limits
 from app.models import MODEL_NAME
-from benchmarks.device import peak_rss_mib
 from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.load import require_loopback, v2_request
-from benchmarks.procs import REPLICA_TITLE, node_serving, proc_table, process_label, raylet_above, rss_bytes
-from benchmarks.report import fmt, markdown_table, pyplot, write_json
+from benchmarks.procs import Monitor, Proc, node_serving, process_label, serve_processes
+from benchmarks.report import fmt, markdown_table, pyplot, save_figure, write_json
 from benchmarks.stats import latency_summary
 
 MB = 1024 * 1024
@@ -205,30 +204,9 @@ def slow_summary(outcomes: Sequence[Reply]) -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True)
-class ServeProc:
-    key: str  # "Preprocessor[1234]": a replaced replica is a new key
-    label: str
-    pid: int
-    start: float  # creation time: a reused pid is another process
-    replica: bool
-
-
-def serve_processes(raylet_pid: int | None) -> dict[str, ServeProc]:
-    """The Serve processes (replicas, controller, proxy, HAProxy) under one raylet. A replica is a Ray worker, a
-    child of the raylet; a process a replica forks keeps its title until it execs, and is left out."""
-    table = proc_table() if raylet_pid is not None else {}
-    out = {}
-    for pid, p in table.items():
-        label, replica = process_label(p.argv), bool(p.argv) and p.argv[0].startswith(REPLICA_TITLE)
-        if label and raylet_above(pid, table) == raylet_pid and (p.ppid == raylet_pid or not replica):
-            out[f"{label}[{pid}]"] = ServeProc(f"{label}[{pid}]", label, pid, p.started, replica)
-    return dict(sorted(out.items()))
-
-
-def replicas_replaced(before: dict[str, ServeProc], after: dict[str, ServeProc]) -> dict[str, list[str]]:
-    b = {(p.key, p.start) for p in before.values() if p.replica}
-    a = {(p.key, p.start) for p in after.values() if p.replica}
+def replicas_replaced(before: dict[str, Proc], after: dict[str, Proc]) -> dict[str, list[str]]:
+    b = {(k, p.started) for k, p in before.items() if p.replica}
+    a = {(k, p.started) for k, p in after.items() if p.replica}
     return {"gone": sorted(k for k, _ in b - a), "new": sorted(k for k, _ in a - b)}
 
 
@@ -253,40 +231,6 @@ def memory_verdict(
             if not row["within"]:
                 failures.append(f"{key}: peak RSS {peak:.0f} MB over its limit {row['limit_mb']:.0f} MB")
     return rows, failures
-
-
-class Monitor:
-    """RSS of a fixed set of processes, sampled, and the kernel's peak RSS (VmHWM) at the first and last sample."""
-
-    def __init__(self, procs: dict[str, ServeProc], clock0: float) -> None:
-        self.procs, self.clock0 = procs, clock0
-        self.series: dict[str, list[tuple[float, float]]] = {k: [] for k in procs}
-        self.hwm: dict[str, tuple[float, float]] = {}  # (first, last)
-
-    def sample(self) -> None:
-        t = round(time.perf_counter() - self.clock0, 3)
-        for key, p in self.procs.items():
-            if (rss := rss_bytes(p.pid)) is not None:  # None: gone, which replicas_replaced reports
-                self.series[key].append((t, round(rss / MB, 1)))
-                hwm = peak_rss_mib(p.pid) or rss / MB
-                self.hwm[key] = (self.hwm.get(key, (hwm,))[0], hwm)
-
-    async def run(self, stop: asyncio.Event, every_s: float) -> None:
-        while not stop.is_set():
-            self.sample()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), every_s)
-        self.sample()
-
-    def start(self, key: str) -> float | None:
-        return self.series[key][0][1] if self.series.get(key) else None
-
-    def peak(self, key: str) -> float | None:
-        """The highest sample; the high-water mark instead where it rose above it since the first sample (a spike
-        between samples)."""
-        peak = max((v for _, v in self.series.get(key, [])), default=None)
-        first, last = self.hwm.get(key, (0.0, 0.0))
-        return round(last, 1) if last > first and last > (peak or 0.0) else peak
 
 
 @dataclass(frozen=True)
@@ -327,7 +271,7 @@ def base_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def attach(url: str, raylet_pid: int | None = None, idle_samples: int = 4, every_s: float = 0.25) -> Target:
+def attach(url: str, raylet_pid: int | None = None) -> Target:
     """The app at `url`, its Serve processes' idle RSS measured (median of a few samples).
 
     The processes are those under `raylet_pid`, by default the raylet above whatever listens on the URL's port
@@ -340,9 +284,9 @@ def attach(url: str, raylet_pid: int | None = None, idle_samples: int = 4, every
         target.notes.append(f"no Ray node listens on port {port} here: memory and replicas not watched")
         return target
     target.raylet_pid = raylet_pid
-    mon = Monitor(serve_processes(raylet_pid), target.clock0)
-    for i in range(idle_samples):
-        time.sleep(every_s if i else 0)
+    mon = Monitor(target.clock0, fixed=serve_processes(raylet_pid))
+    for i in range(4):
+        time.sleep(0.25 if i else 0)
         mon.sample()
     target.idle_mb = {k: statistics.median(v for _, v in pts) for k, pts in mon.series.items() if pts}
     return target
@@ -373,16 +317,13 @@ class Traffic:
     rng: random.Random = field(default_factory=lambda: random.Random(0))
 
     async def run(self, attack: str, mon: Monitor) -> None:
-        stop = asyncio.Event()
-        watcher = asyncio.create_task(mon.run(stop, self.s.sample_every_s))
         probe = [AttackRequest("probe", CLASSIFY, image, JPEG) for image in probe_images()]
         if attack == "slow":
             load = self.slow_attack()
         else:
             load = self.send(attack_requests(attack), self.s.clients, self.replies)
-        await asyncio.gather(self.send(probe, self.s.probe_clients, self.probe, self.s.probe_interval_s), load)
-        stop.set()
-        await watcher
+        async with mon.sampling(self.s.sample_every_s):
+            await asyncio.gather(self.send(probe, self.s.probe_clients, self.probe, self.s.probe_interval_s), load)
 
     async def send(self, requests: Sequence[AttackRequest], clients: int, out: list[Reply], every_s: float = 0) -> None:
         """`clients` workers POSTing `requests` in turn, back to back or at most one per `every_s` each."""
@@ -480,16 +421,16 @@ def phase_failures(phase: dict[str, Any], th: Settings) -> list[str]:
 def run_phase(target: Target, attack: str, s: Settings) -> dict[str, Any]:
     """One attack class for s.duration_s with the probe running; the figures and the failures."""
     procs = serve_processes(target.raylet_pid)
-    mon = Monitor(procs, target.clock0)
+    mon = Monitor(target.clock0, fixed=procs)
     mon.sample()
     traffic, t_start = Traffic(target, s, time.perf_counter() + s.duration_s), time.perf_counter()
     asyncio.run(traffic.run(attack, mon))
     wall = time.perf_counter() - t_start
     time.sleep(s.settle_s)  # let closed connections and cancelled work reach the server
     mon.sample()
-    memory = {k: {"label": p.label, "replica": p.replica, "idle_mb": target.idle_mb.get(k)} for k, p in procs.items()}
+    memory = {k: {"label": process_label(p.argv), "replica": p.replica} for k, p in procs.items()}
     for k, m in memory.items():
-        m |= {"start_mb": mon.start(k), "peak_mb": mon.peak(k)}
+        m |= {"idle_mb": target.idle_mb.get(k), "start_mb": mon.start(k), "peak_mb": mon.peak(k)}
     answers = traffic.replies
     memory, mem_failures = memory_verdict(memory, s.preprocessor_memory_mb, s.other_growth_mb)
     phase: dict[str, Any] = {
@@ -550,8 +491,7 @@ def memory_table(result: dict[str, Any]) -> str:
 
 def plot(result: dict[str, Any], out: Path) -> Path:
     """Probe latency, attack answers per second and every Serve process's RSS on one time axis, phases shaded."""
-    plt = pyplot()
-    fig, (ax_lat, ax_att, ax_mem) = plt.subplots(3, 1, figsize=(11, 9.5), sharex=True)
+    fig, (ax_lat, ax_att, ax_mem) = pyplot().subplots(3, 1, figsize=(11, 9.5), sharex=True)
     th = result["settings"]
     rss: dict[str, list[tuple[float, float]]] = {}
     colours = {"bombs": "#fde0dd", "gzip": "#e0ecf4", "slow": "#e5f5e0"}
@@ -584,10 +524,7 @@ def plot(result: dict[str, Any], out: Path) -> Path:
     for ax, size, ncol in ((ax_lat, 7, 1), (ax_att, 7, 4), (ax_mem, 6, 3)):
         ax.legend(fontsize=size, ncol=ncol, loc="upper left")
     fig.suptitle(f"hostile load on {result['url']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp, usable_cores
-from benchmarks.report import markdown_table, write_json
+from benchmarks.report import markdown_table, write_report
 from benchmarks.stats import knee, latency_summary
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -70,7 +70,8 @@ def bench_variant(
     from app.preprocess import preprocess
     from app.runtime import onnxruntime_engine
     from benchmarks.corpus import build_corpus
-    from benchmarks.device import gpu_used_mib, peak_rss_mib, reset_peak_rss, rss_mib, runtime_options
+    from benchmarks.device import gpu_used_mib, runtime_options
+    from benchmarks.procs import peak_rss_mib, reset_peak_rss, rss_mib
 
     # Real photographs, preprocessed as the server does, tiled up to each batch size; made before loading, so
     # the model's memory figure leaves them out.
@@ -163,10 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         "variants": measured,
         "int8_speedup_by_batch": {str(a["batch"]): a["p50_ms"] / b["p50_ms"] for a, b in pairs},
     }
-    stem, markdown = RESULTS_DIR / f"model_bench-{stamp()}-{host_name()}", to_markdown(result)
-    write_json(stem.with_suffix(".json"), result)
-    stem.with_suffix(".md").write_text(markdown)
-    print(f"{markdown}wrote {stem}.json and {stem}.md")
+    markdown = to_markdown(result)
+    print(markdown + write_report(RESULTS_DIR / f"model_bench-{stamp()}-{host_name()}", result, markdown))
     return 0
 
 

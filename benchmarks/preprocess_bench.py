@@ -21,7 +21,7 @@ import numpy as np
 from app.models import default_files
 from app.models.samples import EVAL_PHOTOS, sample_bytes
 from app.preprocess import preprocess
-from app.runtime import cpu_engine
+from app.runtime import cpu_engine, softmax, top_k
 from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.model_bench import time_runs
 from benchmarks.report import write_json
@@ -44,10 +44,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def top1(data: bytes, reduced: bool) -> tuple[int, float]:
         """Top-1 class and its margin over the runner-up (softmax probabilities)."""
-        logits = runner.logits(preprocess(data, reduced=reduced)[None])[0].astype(np.float64)
-        p = np.exp(logits - logits.max())
-        first, second = np.argsort(-p)[:2]
-        return int(first), float((p[first] - p[second]) / p.sum())
+        (first, p1), (_, p2) = top_k(softmax(runner.logits(preprocess(data, reduced=reduced)[None])[0]), 2)
+        return first, p1 - p2
 
     rows = []
     for name in EVAL_PHOTOS:

@@ -1,13 +1,16 @@
 """The benchmarks' one process walker, on psutil: who listens on a port, which Ray node that is (several may run
 on one machine: a tool watches only the processes under the raylet serving its port), which of its processes are
-Serve's, and their memory."""
+Serve's, and their memory: now, at its peak, and sampled over a run."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -21,6 +24,10 @@ class Proc:
     argv: tuple[str, ...]  # for a Ray worker, argv[0] is its title
     rss_mb: float | None
     started: float = 0.0  # creation time (epoch s): a reused pid is another process
+
+    @property
+    def replica(self) -> bool:
+        return bool(self.argv) and self.argv[0].startswith(REPLICA_TITLE)
 
 
 def proc_table() -> dict[int, Proc]:
@@ -83,22 +90,93 @@ def process_label(argv: Sequence[str]) -> str | None:
     return "haproxy" if os.path.basename(title) == "haproxy" else None
 
 
-def serve_memory(raylet_pid: int, table: dict[int, Proc] | None = None) -> dict[str, float]:
-    """RSS (MB) of the Serve processes under one raylet, keyed "<label>[<pid>]" (a restarted replica is new)."""
+def serve_processes(raylet_pid: int | None, table: dict[int, Proc] | None = None) -> dict[str, Proc]:
+    """The Serve processes (replicas, controller, proxy, HAProxy) under one raylet (None: none), keyed
+    "<label>[<pid>]" (a restarted replica is a new key). A replica is a Ray worker, a child of the raylet; a process
+    a replica forks keeps its title until it execs, and is left out."""
+    if raylet_pid is None:
+        return {}
     table = proc_table() if table is None else table
     out = {}
     for pid, p in table.items():
         label = process_label(p.argv)
-        if label is not None and p.rss_mb is not None and raylet_above(pid, table) == raylet_pid:
-            out[f"{label}[{pid}]"] = round(p.rss_mb, 2)
+        if label and raylet_above(pid, table) == raylet_pid and (p.ppid == raylet_pid or not p.replica):
+            out[f"{label}[{pid}]"] = p
     return dict(sorted(out.items()))
 
 
-def rss_bytes(pid: int) -> int | None:
-    """Resident memory of a live process; None if it is gone."""
-    with contextlib.suppress(psutil.Error):
-        return int(psutil.Process(pid).memory_info().rss)
-    return None
+def rss_mib(pid: int | None = None) -> float:
+    """Resident memory of a process, by default this one; psutil.NoSuchProcess when it is gone."""
+    return float(psutil.Process(pid).memory_info().rss / 2**20)
+
+
+def peak_rss_mib(pid: int | str = "self") -> float | None:
+    """VmHWM, the peak RSS since start or reset_peak_rss (psutil has no equivalent); None when it is gone."""
+    try:
+        line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmHWM:"))
+        return int(line.split()[1]) / 1024
+    except (OSError, StopIteration):
+        return None
+
+
+def reset_peak_rss() -> bool:
+    """Make VmHWM start again from the current RSS (Linux >= 4.0); False where the kernel refuses."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+class Monitor:
+    """RSS (MB) series of Serve processes, from `clock0` (perf_counter), and the kernel's peak RSS (VmHWM) of each at
+    its first and last sample. `fixed`: only those processes (one that goes is missing from then on); else those
+    under `raylet_pid`, found again at every sample (a replacement is a new key)."""
+
+    def __init__(self, clock0: float, raylet_pid: int | None = None, fixed: dict[str, Proc] | None = None) -> None:
+        self.clock0, self.raylet_pid, self.fixed = clock0, raylet_pid, fixed
+        self.series: dict[str, list[tuple[float, float]]] = {k: [] for k in fixed or {}}
+        self.hwm: dict[str, tuple[float, float]] = {}  # (first, last)
+
+    def sample(self) -> None:
+        t = round(time.perf_counter() - self.clock0, 3)
+        procs = serve_processes(self.raylet_pid) if self.fixed is None else self.fixed
+        for key, p in procs.items():
+            with contextlib.suppress(psutil.Error):  # the process is gone
+                rss = rss_mib(p.pid)
+                self.series.setdefault(key, []).append((t, round(rss, 2)))
+                hwm = peak_rss_mib(p.pid) or rss
+                self.hwm[key] = (self.hwm.get(key, (hwm,))[0], hwm)
+
+    @contextlib.asynccontextmanager
+    async def sampling(self, every_s: float) -> AsyncIterator[None]:
+        """A sample every `every_s` s while the block runs, and one after it; in a thread, off the event loop (a
+        walk of the process table takes a while)."""
+        stop = asyncio.Event()
+
+        async def loop() -> None:
+            while not stop.is_set():
+                await asyncio.to_thread(self.sample)
+                with contextlib.suppress(asyncio.TimeoutError):  # on a grid: a slow sample delays no later one
+                    await asyncio.wait_for(stop.wait(), every_s - (time.perf_counter() - self.clock0) % every_s)
+            await asyncio.to_thread(self.sample)
+
+        task = asyncio.create_task(loop())
+        try:
+            yield
+        finally:
+            stop.set()
+            await task
+
+    def start(self, key: str) -> float | None:
+        return self.series[key][0][1] if self.series.get(key) else None
+
+    def peak(self, key: str) -> float | None:
+        """The highest sample; the high-water mark instead where it rose above it since the first sample (a spike
+        between samples)."""
+        peak = max((v for _, v in self.series.get(key, [])), default=None)
+        first, last = self.hwm.get(key, (0.0, 0.0))
+        return round(last, 2) if last > first and last > (peak or 0.0) else peak
 
 
 def family(root: int) -> dict[int, float]:

@@ -52,6 +52,13 @@ def write_json(path: Path, data: Any) -> Path:
     return path
 
 
+def write_report(stem: Path, result: Any, markdown: str) -> str:
+    """<stem>.json and <stem>.md (not Path.with_suffix: a host name in the stem may hold dots); a line saying so."""
+    write_json(Path(f"{stem}.json"), result)
+    Path(f"{stem}.md").write_text(markdown)
+    return f"wrote {stem}.json and {stem}.md"
+
+
 def pyplot() -> Any:
     """matplotlib.pyplot on the Agg backend (no display needed)."""
     import matplotlib
@@ -62,14 +69,22 @@ def pyplot() -> Any:
     return plt
 
 
+def save_figure(fig: Any, out: Path, dpi: int = 110) -> Path:
+    """Laid out (with room for a suptitle, if any), written as PNG, closed."""
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight() if fig.get_suptitle() else 1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    pyplot().close(fig)
+    return out
+
+
 LABELS = {"concurrency": "concurrent requests (closed loop)", "throughput_rps": "requests/s", "p99_ms": "p99 ms"}
 
 
 def plot_service(series: dict[str, list[dict[str, Any]]], throughput_png: Path, p99_png: Path, title: str) -> None:
     """Closed-loop steps of every target: throughput vs concurrency, and p99 latency vs throughput."""
-    plt = pyplot()
     for path, x, y in ((throughput_png, "concurrency", "throughput_rps"), (p99_png, "throughput_rps", "p99_ms")):
-        fig, ax = plt.subplots(figsize=(7.5, 4.8))
+        fig, ax = pyplot().subplots(figsize=(7.5, 4.8))
         for name, steps in series.items():
             points = [(s[x], s[y], s["concurrency"]) for s in ({**s, **s["latency_ms"]} for s in steps)]
             points = [p for p in points if p[0] is not None and p[1] is not None]
@@ -88,7 +103,4 @@ def plot_service(series: dict[str, list[dict[str, Any]]], throughput_png: Path, 
         ax.grid(True, which="both", alpha=0.3)
         if ax.get_lines():
             ax.legend(fontsize=8)
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+        save_figure(fig, path, dpi=120)

@@ -21,7 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,13 +30,12 @@ import yaml
 
 from app.config import private_serve_env
 from benchmarks import dashboard
-from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp
+from benchmarks.environment import REPO, RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.load import DEFAULT_URL, NonLoopbackURL, Workload, closed_step, open_run, require_loopback
-from benchmarks.procs import node_serving, serve_memory
+from benchmarks.procs import Monitor, node_serving
 from benchmarks.report import fmt, markdown_table, write_json
 from benchmarks.server_process import ServerProcess, ServerStartError, port_open
 
-REPO = Path(__file__).resolve().parent.parent
 SERVE_FAILURES = ("DEPLOY_FAILED", r"Deploying app '[^']*' failed")
 
 
@@ -90,25 +89,18 @@ def started_app(args: argparse.Namespace) -> Iterator[ServerProcess]:
         print(f"  app stopped: {out['stopped']} after {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
 
-def memory_series(snapshots: Sequence[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
-    series: dict[str, list[tuple[float, float]]] = {}
-    for s in snapshots:
-        for key, mb in s["rss_mb"].items():
-            series.setdefault(key, []).append((s["t"], mb))
-    return series
-
-
 def memory_growth(
-    snapshots: Sequence[dict[str, Any]], edge_s: float = 60.0, until: float | None = None
+    series: dict[str, list[tuple[float, float]]], edge_s: float = 60.0, until: float | None = None
 ) -> dict[str, Any]:
-    """Per process: median RSS (MB) of the first and of the last `edge_s` s of the snapshots up to `until` (a third
+    """Per process: median RSS (MB) of the first and of the last `edge_s` s of the samples up to `until` (a third
     of the run each if it is shorter than 3 x edge_s), their difference (None for a process missing at either end),
     and the least-squares slope."""
-    snaps = [s for s in snapshots if until is None or s["t"] <= until]  # the first is taken at t = 0
-    t_first, t_last = snaps[0]["t"], snaps[-1]["t"]
+    series = {k: kept for k, pts in series.items() if (kept := [p for p in pts if until is None or p[0] <= until])}
+    times = [t for pts in series.values() for t, _ in pts]  # the first sample is taken at t = 0
+    t_first, t_last = min(times, default=0.0), max(times, default=0.0)
     edge = min(edge_s, (t_last - t_first) / 3)
     out = {}
-    for key, pts in sorted(memory_series(snaps).items()):
+    for key, pts in sorted(series.items()):
         ts, vs = [t for t, _ in pts], [v for _, v in pts]
         first = [v for t, v in pts if t <= t_first + edge]
         last = [v for t, v in pts if t >= t_last - edge]
@@ -124,23 +116,12 @@ def memory_growth(
     return {"edge_s": round(edge, 3), "processes": out}
 
 
-async def soak_load(
-    args: argparse.Namespace, workload: Workload, rate: float, raylet: int | None
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """benchmarks.load's open loop at `rate` for --minutes, and the Serve processes' RSS every --sample-every s
-    (and once after the load): the open loop's step and the memory snapshots."""
-    duration_s, clock0 = args.minutes * 60, time.perf_counter()
-    cap = int(1.5 * rate * duration_s) + 100
-    load = asyncio.ensure_future(open_run(workload, rate, duration_s, warmup_s=0.0, max_requests=cap))
-    snapshots = []
-    while True:
-        rss = await asyncio.to_thread(serve_memory, raylet) if raylet is not None else {}
-        snapshots.append({"t": round(time.perf_counter() - clock0, 3), "rss_mb": rss})
-        if load.done():
-            return load.result(), snapshots
-        next_sample = clock0 + len(snapshots) * args.sample_every - time.perf_counter()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(load), max(0.0, next_sample))
+async def soak_load(args: argparse.Namespace, workload: Workload, rate: float, monitor: Monitor) -> dict[str, Any]:
+    """benchmarks.load's open loop at `rate` for --minutes, the Serve processes' RSS sampled every --sample-every s
+    (and once after the load) meanwhile."""
+    duration_s = args.minutes * 60
+    async with monitor.sampling(args.sample_every):
+        return await open_run(workload, rate, duration_s, warmup_s=0.0, max_requests=int(1.5 * rate * duration_s) + 100)
 
 
 def summary_text(result: dict[str, Any]) -> str:
@@ -169,14 +150,14 @@ def run(args: argparse.Namespace, url: str, prom: dashboard.Prometheus | None) -
         return 1
     rate = args.fraction * capacity["throughput_rps"]
     print(f"soak: {rate:.1f} req/s (Poisson) for {args.minutes * 60:.0f} s", file=sys.stderr, flush=True)
-    start = time.time()
-    step, snapshots = asyncio.run(soak_load(args, workload, rate, node.raylet_pid if node else None))
+    start, monitor = time.time(), Monitor(time.perf_counter(), node.raylet_pid if node else None)
+    step = asyncio.run(soak_load(args, workload, rate, monitor))
     panels = []
     if prom is not None:
         prom.wait_scrapes(1, since=time.time(), timeout_s=max(30, 5 * args.scrape_every))  # one after the load
         panels = dashboard.fetch(prom, start, time.time(), args.scrape_every)
     memory = {"title": "resident memory per Serve process (psutil)", "unit": "decmbytes", "share": False}
-    memory["series"] = [{"name": k, "dashed": False, "points": p} for k, p in memory_series(snapshots).items()]
+    memory["series"] = [{"name": k, "dashed": False, "points": p} for k, p in monitor.series.items()]
     keys = ("minutes", "fraction", "sample_every", "variant", "shadow_fraction")
     result: dict[str, Any] = {
         "stamp": run_stamp,
@@ -192,8 +173,8 @@ def run(args: argparse.Namespace, url: str, prom: dashboard.Prometheus | None) -
         },
         "capacity_step": capacity,
         "load": step,
-        "memory": memory_growth(snapshots, 60.0, until=args.minutes * 60 + args.sample_every / 2),
-        "snapshots": snapshots,
+        "memory": memory_growth(monitor.series, 60.0, until=args.minutes * 60 + args.sample_every / 2),
+        "rss_mb": monitor.series,  # per Serve process: [[s since the load started, MB], ...]
         "panels": panels,  # what Prometheus answered to each panel's PromQL
     }
     out = args.out or RESULTS_DIR / f"soak-{run_stamp}-{host_name()}.json"

@@ -20,10 +20,10 @@ def median(values: Sequence[float]) -> float | None:
     return percentile(values, 50)
 
 
-def latency_summary(seconds: Sequence[float], percentiles: Sequence[int] = PERCENTILES) -> dict[str, Any]:
+def latency_summary(seconds: Sequence[float]) -> dict[str, Any]:
     """Milliseconds: p50/p90/p99/max/mean of latencies given in seconds (None when there are none)."""
     ms = [s * 1000.0 for s in seconds]
-    out: dict[str, Any] = {f"p{q}_ms": percentile(ms, q) for q in percentiles}
+    out: dict[str, Any] = {f"p{q}_ms": percentile(ms, q) for q in PERCENTILES}
     return {**out, "max_ms": max(ms) if ms else None, "mean_ms": float(np.mean(ms)) if ms else None}
 
 

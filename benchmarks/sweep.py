@@ -29,13 +29,11 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-from benchmarks.dashboard import save
-from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp
+from benchmarks.environment import REPO, RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.load import NonLoopbackURL, Workload, closed_step, require_loopback
 from benchmarks.procs import node_serving
-from benchmarks.report import markdown_table, pyplot, write_json
+from benchmarks.report import markdown_table, pyplot, save_figure, write_json
 
-REPO = Path(__file__).resolve().parent.parent
 TOLERANCE = 0.05
 MAX_ERROR_SHARE = 0.01  # a point that failed more requests than this cannot be the knee
 STEP_KEYS = ("throughput_rps", "images_per_s", "requests", "errors", "median_batch_size", "variants")
@@ -215,7 +213,7 @@ def plot(result: dict[str, Any], out: Path) -> Path:
         f"{result['duration']:g} s per point; {env['cpu_model']} ({env['usable_cpus']} cores), {result['stamp']}",
         fontsize=9,
     )
-    return save(fig, out, dpi=120)
+    return save_figure(fig, out, dpi=120)
 
 
 def table(result: dict[str, Any]) -> str:

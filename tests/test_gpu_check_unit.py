@@ -15,8 +15,9 @@ from app.models import ModelFiles
 from app.runtime.ort_engine import missing_libraries, usable_providers
 from app.runtime.plan import CPU, CUDA, TENSORRT
 from benchmarks import gpu_check
-from benchmarks.gpu_check import TARGET_NAMES, TARGETS, Check, batch_table, run
+from benchmarks.gpu_check import TARGETS, Check, batch_table, run
 
+TARGET_NAMES = [t.name for t in TARGETS]
 FAST = {"warmup": 1, "min_runs": 2, "max_runs": 3, "budget_s": 0.01}
 
 

@@ -18,6 +18,7 @@ from app.errors import ServiceError
 from app.preprocess import check_header
 from benchmarks import hostile_load as hl
 from benchmarks.load import NonLoopbackURL
+from benchmarks.procs import Monitor, Proc
 
 LIMITS = Limits()
 
@@ -212,14 +213,15 @@ def test_memory_verdict_preprocessor_ceiling_over_idle_and_growth_of_the_others(
 
 
 def test_a_replaced_replica_is_a_new_pid_or_start_time() -> None:
-    a = hl.ServeProc("Router[10]", "Router", 10, 100, True)
-    b = hl.ServeProc("Preprocessor[11]", "Preprocessor", 11, 100, True)
-    c = hl.ServeProc("ServeController[12]", "ServeController", 12, 100, False)
-    same = {p.key: p for p in (a, b, c)}
+    def proc(pid: int, title: str, started: float) -> Proc:
+        return Proc(pid, 1, (title,), None, started)
+
+    router, pre = "ray::ServeReplica:classifier:Router", "ray::ServeReplica:classifier:Preprocessor"
+    same = {"Router[10]": proc(10, router, 100), "Preprocessor[11]": proc(11, pre, 100)}
+    same["ServeController[12]"] = proc(12, "ray::ServeController", 100)
     assert hl.replicas_replaced(same, dict(same)) == {"gone": [], "new": []}
-    reused = hl.ServeProc("Router[10]", "Router", 10, 999, True)  # the same pid, another process
-    b2 = hl.ServeProc("Preprocessor[13]", "Preprocessor", 13, 200, True)
-    after = {p.key: p for p in (reused, b2)}  # the controller's restart is not a replica's
+    reused = proc(10, router, 999)  # the same pid, another process
+    after = {"Router[10]": reused, "Preprocessor[13]": proc(13, pre, 200)}  # the controller's going is no replica's
     gone, new = ["Preprocessor[11]", "Router[10]"], ["Preprocessor[13]", "Router[10]"]
     assert hl.replicas_replaced(same, after) == {"gone": gone, "new": new}
 
@@ -271,14 +273,29 @@ def test_cli_arguments() -> None:
 
 
 def test_the_monitor_samples_rss_and_peak_rss_and_notices_a_process_gone() -> None:
-    me = hl.ServeProc("me[1]", "me", os.getpid(), 0.0, True)
-    gone = hl.ServeProc("gone[2]", "gone", 2**22 + 12345, 0.0, True)  # above pid_max's default: no such process
-    mon = hl.Monitor({p.key: p for p in (me, gone)}, time.perf_counter())
+    me = Proc(os.getpid(), 1, ("me",), None)
+    gone = Proc(2**22 + 12345, 1, ("gone",), None)  # above pid_max's default: no such process
+    mon = Monitor(time.perf_counter(), fixed={"me[1]": me, "gone[2]": gone})
     mon.sample()
-    assert 10 < (mon.peak("me[1]") or 0) <= mon.hwm["me[1]"][1] + 0.05  # the series is rounded to 0.1 MB
+    assert 10 < (mon.peak("me[1]") or 0) <= mon.hwm["me[1]"][1] + 0.005  # the series is rounded to 0.01 MB
     assert mon.series["gone[2]"] == [] and mon.peak("gone[2]") is None and mon.start("me[1]") == mon.peak("me[1]")
     mon.hwm["me[1]"] = (100.0, 5000.0)  # the high-water mark rose between samples: a spike they missed
     assert mon.peak("me[1]") == 5000.0
+
+
+def test_the_monitor_samples_on_a_grid_while_a_block_runs_and_once_after() -> None:
+    mon = Monitor(time.perf_counter(), fixed={"me[1]": Proc(os.getpid(), 1, ("me",), None)})
+
+    async def block() -> None:
+        async with mon.sampling(0.1):
+            await asyncio.sleep(0.45)
+
+    asyncio.run(block())
+    times = [t for t, _ in mon.series["me[1]"]]
+    assert 4 <= len(times) <= 7 and times == sorted(times) and times[-1] >= 0.45, times  # ~0, 0.1, ..., 0.4, 0.45
+    nothing = Monitor(time.perf_counter())  # no raylet: nothing to watch
+    nothing.sample()
+    assert nothing.series == {}
 
 
 def test_tables_and_picture(tmp_path: Path) -> None:

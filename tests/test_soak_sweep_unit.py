@@ -15,7 +15,7 @@ import yaml
 from app.panels import GRAFANA, PANELS, grafana_json
 from benchmarks import sweep
 from benchmarks.dashboard import legend, local_expr
-from benchmarks.procs import Proc, process_label, raylet_above, serve_memory
+from benchmarks.procs import Proc, process_label, raylet_above, serve_processes
 from benchmarks.soak import app_config, memory_growth
 from benchmarks.sweep import choose_knee, config_block, edited
 
@@ -147,17 +147,12 @@ def test_edited_config_changes_only_the_classifier_and_leaves_the_original_alone
 # --------------------------------------------------------------------------- soak figures
 
 
-def snaps(points: dict[str, list[tuple[float, float]]]) -> list[dict[str, Any]]:
-    times = sorted({t for pts in points.values() for t, _ in pts})
-    return [{"t": t, "rss_mb": {k: v for k, pts in points.items() for pt, v in pts if pt == t}} for t in times]
-
-
 def test_memory_growth_compares_first_and_last_minute_medians() -> None:
     ts = [float(t) for t in range(0, 601, 5)]  # ten minutes, every 5 s
     leak = [(t, 100.0 + t / 60) for t in ts]  # +1 MB per minute
     flat = [(t, 50.0 + (3.0 if t == 300 else 0.0)) for t in ts]  # one spike in the middle does not count
     late = [(t, 70.0) for t in ts if t >= 200]  # a replacement replica: not there the whole run
-    out = memory_growth(snaps({"leak[1]": leak, "flat[2]": flat, "late[3]": late}), 60.0)
+    out = memory_growth({"leak[1]": leak, "flat[2]": flat, "late[3]": late}, 60.0)
     assert out["edge_s"] == 60.0
     p = out["processes"]
     # first minute: t in [0, 60] -> median at t=30 -> 100.5; last minute: t in [540, 600] -> 109.5
@@ -170,10 +165,11 @@ def test_memory_growth_compares_first_and_last_minute_medians() -> None:
 
 def test_memory_growth_of_a_short_run_uses_a_third_at_each_end_and_stops_at_the_load() -> None:
     pts = [(0.0, 10.0), (10.0, 11.0), (20.0, 12.0), (30.0, 13.0), (40.0, 99.0)]  # t=40 is after the load
-    out = memory_growth(snaps({"p[1]": pts}), 60.0, until=30.0)
+    out = memory_growth({"p[1]": pts, "after[2]": [(40.0, 5.0)]}, 60.0, until=30.0)  # after[2]: only after the load
     assert out["edge_s"] == pytest.approx(10.0)
     assert out["processes"]["p[1]"]["first_mb"] == pytest.approx(10.5)  # t = 0, 10
     assert out["processes"]["p[1]"]["last_mb"] == pytest.approx(12.5)  # t = 20, 30
+    assert list(out["processes"]) == ["p[1]"] and memory_growth({}, 60.0) == {"edge_s": 0.0, "processes": {}}
 
 
 def test_process_labels_and_memory_under_one_raylet() -> None:
@@ -190,9 +186,12 @@ def test_process_labels_and_memory_under_one_raylet() -> None:
         13: Proc(13, 12, ("/bin/haproxy", "-f", "x"), 14.0),
         20: Proc(20, 1, ("/x/ray/raylet",), 30.0),  # somebody else's Ray on this machine
         21: Proc(21, 20, ("ray::ServeReplica:classifier:Router",), 999.0),
+        14: Proc(14, 11, ("ray::ServeReplica:classifier:Router",), 250.0),  # forked by the replica, not exec'd yet
     }
     assert raylet_above(13, table) == 10 and raylet_above(21, table) == 20 and raylet_above(1, table) is None
-    assert serve_memory(10, table) == {"HAProxyManager[12]": 150.0, "Router[11]": 250.0, "haproxy[13]": 14.0}
+    found = {k: p.rss_mb for k, p in serve_processes(10, table).items()}
+    assert found == {"HAProxyManager[12]": 150.0, "Router[11]": 250.0, "haproxy[13]": 14.0}
+    assert serve_processes(11, table) == {} and serve_processes(None, table) == {}
 
 
 def test_app_config_changes_only_the_port_and_shadow_fraction() -> None:
