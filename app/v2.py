@@ -20,6 +20,7 @@ Inputs. A request carries exactly ONE of two inputs; the metadata lists both
 its own name, so a client picks the one it has):
 
     image_bytes  BYTES [-1]           encoded image files (JPEG, PNG, ...), decoded by the Preprocessor.
+                                      [N, 1] is taken as [N] (Triton's batched BYTES models use dims [1]).
                                       Binary extension: 4-byte little-endian length + bytes per element.
                                       JSON `data`: each element is the file as a base64 string (JSON strings
                                       cannot carry arbitrary bytes; raw JPEG/PNG bytes are never valid UTF-8).
@@ -490,8 +491,11 @@ def parse_infer_request(
         raise _tensor_error(f"input {name!r} must have datatype {INPUT_DATATYPES[name]}, got {_short(datatype)}")
     shape = _parse_shape(inp, name)
     h, w = image_size
-    if name == IMAGE_BYTES_INPUT and len(shape) != 1:
-        raise _tensor_error(f"input {name!r} must have shape [N] (one encoded image per element), got {_short(shape)}")
+    # [N, 1] too: what clients of a Triton model with max_batch_size > 0 and dims [1] send.
+    if name == IMAGE_BYTES_INPUT and (not shape or shape[1:] not in ([], [1])):
+        raise _tensor_error(
+            f"input {name!r} must have shape [N] or [N, 1] (one encoded image per element), got {_short(shape)}"
+        )
     if name == IMAGE_INPUT and (len(shape) != 4 or shape[1:] != [h, w, 3]):
         raise _tensor_error(f"input {name!r} must have shape [N, {h}, {w}, 3], got {_short(shape)}")
     n = shape[0]

@@ -369,11 +369,12 @@ BAD_REQUESTS: list[tuple[str, Any, str, str]] = [
         "shape [N, 224, 224, 3]",
     ),
     (
-        "bytes [1,1]",
-        lambda: _raw(_bytes_doc(shape=[1, 1], parameters={"binary_data_size": len(ONE_JPEG)}), ONE_JPEG),
+        "bytes [1,2]",
+        lambda: _raw(_bytes_doc(shape=[1, 2], parameters={"binary_data_size": len(ONE_JPEG)}), ONE_JPEG),
         "invalid_tensor",
-        "shape [N]",
+        "shape [N] or [N, 1]",
     ),
+    ("bytes []", lambda: _raw(_bytes_doc(shape=[], data=["eA=="])), "invalid_tensor", "shape [N] or [N, 1]"),
     ("negative dim", lambda: _raw(_bytes_doc(shape=[-1], data=["eA=="])), "invalid_tensor", "non-negative"),
     (
         "unknown input",
@@ -671,3 +672,11 @@ def test_an_input_name_that_is_an_object_or_array_is_400(name: Any) -> None:
         assert _code(e) == ("invalid_tensor", 400)
         status, payload = v2.v2_error(e.value)
         assert status == 400 and set(payload) == {"error"} and "unknown" in payload["error"]
+
+
+def test_bytes_shape_n_by_1_is_taken_as_n_like_a_batched_triton_model() -> None:
+    body, n = _raw(_bytes_doc(shape=[2, 1], parameters={"binary_data_size": 2 * len(ONE_JPEG)}), 2 * ONE_JPEG)
+    req = v2.parse_infer_request(body, n, Limits(), (224, 224))
+    assert req.images == [JPEG, JPEG] and req.batch_size == 2
+    json_doc = _raw(_bytes_doc(shape=[1, 1], data=[[base64.b64encode(JPEG).decode()]]))
+    assert v2.parse_infer_request(*json_doc, Limits(), (224, 224)).images == [JPEG]
