@@ -1,6 +1,7 @@
 # Every target runs inside .venv, created on first use from pyproject.toml.
 PY := .venv/bin/python
 STAMP := .venv/.installed
+TRITON_STAMP := .venv-triton/.installed
 MODELS := models/efficientnet_lite0-fp32.onnx models/efficientnet_lite0-int8.onnx models/efficientnet_lite0-int8-trt.onnx
 
 .PHONY: install models serve status test lint bench soak k8s clean
@@ -37,7 +38,12 @@ lint: $(STAMP)
 	$(PY) -m app.config configs/local.yaml configs/prod.yaml configs/serve.env
 	$(PY) -m app.k8s render --check
 
-bench: $(MODELS)    ## the peers and this app in one run: benchmarks/results/<date>-<host>.{json,md,png}
+# Triton's peer runs in a venv made from the system's Python (benchmarks/baselines/triton_peer.py says why).
+$(TRITON_STAMP): | $(STAMP)
+	$(PY) -m benchmarks.baselines.triton_peer --setup
+	touch $@
+
+bench: $(MODELS) $(TRITON_STAMP)   ## the peers (Triton, LitServe, FastAPI, Serve) and this app in one run: benchmarks/results/<date>-<host>.{json,md,png}
 	$(PY) -m benchmarks.run
 	$(PY) -m benchmarks.model_bench
 	$(PY) -m benchmarks.preprocess_bench
@@ -50,4 +56,4 @@ k8s: $(STAMP)       ## re-render k8s/rayservice.yaml from configs/prod.yaml
 	$(PY) -m app.k8s render
 
 clean:
-	rm -rf models .pytest_cache .mypy_cache .ruff_cache
+	rm -rf models .pytest_cache .mypy_cache .ruff_cache .venv-triton

@@ -1,2 +1,3 @@
-"""Peers the app is measured against (fastapi_onnx, serve_single, serve_echo), each serving the app's HTTP
-contract (POST /v1/classify, GET /healthz) as `python -m benchmarks.baselines.<name> --port N`."""
+"""Peers the app is measured against, each serving the app's contract as `python -m benchmarks.baselines.<name>
+--port N`: fastapi_onnx, litserve_peer, serve_single and serve_echo the v1 HTTP contract (POST /v1/classify, GET
+/healthz); triton_peer the Open Inference Protocol (Triton through PyTriton, in its own venv: see its docstring)."""
