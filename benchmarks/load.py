@@ -16,6 +16,7 @@ import ipaddress
 import itertools
 import json
 import math
+import os
 import random
 import re
 import socket
@@ -26,7 +27,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,26 +77,29 @@ def multipart_body(images: Iterable[CorpusImage], boundary: str = BOUNDARY) -> P
     return parts + f"--{boundary}--\r\n".encode(), {"Content-Type": f"multipart/form-data; boundary={boundary}"}
 
 
-def v2_request(image: bytes, top_k: int = 5) -> Payload:
-    """(body, headers) of a V2 binary inference request: `image` the one element of the BYTES input, top-k out."""
-    tensor = {"name": v2.IMAGE_BYTES_INPUT, "datatype": "BYTES", "shape": [1], "parameters": {}}
-    tensor["parameters"] = {"binary_data_size": 4 + len(image)}
+def v2_request(images: bytes | Sequence[bytes], top_k: int = 5) -> Payload:
+    """(body, headers) of a V2 binary inference request: `images` the elements of the BYTES input, shape [N, 1] (what
+    a Triton model with dynamic batching takes; the app takes [N] too), top-k out."""
+    images = [images] if isinstance(images, bytes) else list(images)
+    size = sum(4 + len(im) for im in images)
+    tensor = {"name": v2.IMAGE_BYTES_INPUT, "datatype": "BYTES", "shape": [len(images), 1]}
+    tensor["parameters"] = {"binary_data_size": size}
     out = {"name": v2.TOP_K, "parameters": {"classification": top_k}}
     header = json.dumps({"inputs": [tensor], "outputs": [out]}, separators=(",", ":")).encode()
     headers = {"Content-Type": v2.BINARY_CONTENT_TYPE, v2.HEADER_LENGTH: str(len(header))}
-    return header + struct.pack("<I", len(image)) + image, headers
+    return header + b"".join(struct.pack("<I", len(im)) + im for im in images), headers
 
 
 @functools.lru_cache(maxsize=4)  # the same bodies whatever the target and variant: built once per process
 def build_payloads(corpus: tuple[CorpusImage, ...], per_request: int, protocol: str = "v1") -> tuple[Payload, ...]:
     """One payload per corpus image (the i-th takes images i, i+1, ... cyclically), encoded once up front."""
-    if per_request < 1 or (protocol == "v2" and per_request > 1):
+    if per_request < 1:
         raise ValueError(f"cannot send {per_request} images per {protocol} request")
     payloads = []
     for i in range(len(corpus)):
         ims = [corpus[(i + j) % len(corpus)] for j in range(per_request)]
         if protocol == "v2":
-            payloads.append(v2_request(ims[0].data))
+            payloads.append(v2_request([im.data for im in ims]))
         elif per_request == 1:
             payloads.append((ims[0].data, {"Content-Type": ims[0].content_type}))
         else:
@@ -112,7 +116,7 @@ class Workload:
     images_per_request: int = 1  # more than one: POST /v1/classify/batch
     timeout_s: float = 30.0
     sizes: tuple[tuple[int, int], ...] = SIZES
-    protocol: str = "v1"  # or "v2": POST /v2/models/<model>/infer, one image per request
+    protocol: str = "v1"  # or "v2": POST /v2/models/<model>/infer, the images as one BYTES input
 
     @property
     def target(self) -> str:
@@ -257,9 +261,12 @@ async def open_run(
     return _print_step(summarize(wl, samples, (warmup_s, end), mode="open", rate=rate))
 
 
-def wrk_step(wl: Workload, concurrency: int, duration_s: float, warmup_s: float = 1.0) -> dict[str, Any]:
+def wrk_step(
+    wl: Workload, concurrency: int, duration_s: float, warmup_s: float = 1.0, cpu: Callable[[], float] | None = None
+) -> dict[str, Any]:
     """A closed-loop step in wrk: whole seconds (a run for the warm-up, one for the measured window), no request
-    cap, latency over every response (errors too)."""
+    cap, latency over every response (errors too). `cpu`: the server's CPU seconds so far, read around the measured
+    run (server_cpu_s), beside wrk's own (client_cpu_s)."""
     parts, payloads = urlsplit(require_loopback(wl.target)), wl.payloads()
     with tempfile.TemporaryDirectory(prefix="wrk-") as tmp:
         for i, (body, headers) in enumerate(payloads, 1):  # raw HTTP requests, which wrk.lua sends in turn
@@ -282,13 +289,17 @@ def wrk_step(wl: Workload, concurrency: int, duration_s: float, warmup_s: float 
         drain = urllib.request.Request(wl.target, payloads[0][0], {**payloads[0][1], **wl.headers()})
         with contextlib.suppress(OSError):
             urllib.request.urlopen(drain, timeout=wl.timeout_s).read()
+        server0, client0 = cpu() if cpu else None, os.times()
         got = wrk(duration_s)
+        client1, server1 = os.times(), cpu() if cpu else None
     statuses, lat = Counter(got["statuses"]), got["latency_us"]
     ok = statuses.pop("200", 0)
     errors = statuses + Counter(got["socket"])  # connect, read, write, timeout: the ones that happened
     sizes = [int(size) for size, n in got["batch_sizes"].items() for _ in range(n)]
     latency = {f"{q}_ms": lat[q] / 1000 if ok else None for q in [*(f"p{p}" for p in PERCENTILES), "max"]}
     head = {"mode": "closed", "concurrency": concurrency, "client": "wrk", "requests": got["requests"], "ok": ok}
+    head["client_cpu_s"] = round(sum(client1[2:4]) - sum(client0[2:4]), 3)
+    head["server_cpu_s"] = None if server0 is None or server1 is None else round(server1 - server0, 3)
     step = _step(wl, got["duration_us"] / 1e6, ok, errors, Counter(got["variants"]), sizes, latency_ms=latency, **head)
     return _print_step(step)
 

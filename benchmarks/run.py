@@ -28,7 +28,9 @@ import httpx
 import yaml
 
 from app.config import private_serve_env, read_serve_env
+from app.models import MODEL_NAME
 from app.models.samples import available_photos, sample_bytes
+from benchmarks import cost
 from benchmarks.corpus import build_corpus
 from benchmarks.corpus import describe as describe_corpus
 from benchmarks.environment import RESULTS_DIR, format_environment, host_name, print_environment, stamp
@@ -42,6 +44,9 @@ PY = sys.executable
 # Log lines (regular expressions) that mean a Serve deployment has failed: stop waiting for readiness.
 FAILED = ("DEPLOY_FAILED", r"Deploying app '[^']*' failed")
 APP_CONFIGS = ("local", "nobatch", "ortcpu")  # configs/local.yaml, as is or changed by write_config
+# else /healthz; Triton's /v2/health/ready answers 200 before the model has loaded
+READY = {**dict.fromkeys(APP_CONFIGS, "/readyz"), "triton_peer": f"/v2/models/{MODEL_NAME}/ready"}
+TRITON_VENV = ".venv-triton"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +59,7 @@ class Target:
     serve_env: bool = True  # configs/serve.env (HAProxy, throughput-optimised), as `make serve`; else Serve's default
     sweep: tuple[int, ...] = ()  # its concurrency levels; empty: the plan's
     pairs: int = 1  # of the "batch" workload
+    one_model: bool = False  # serves one V2 model (no per-variant names): V2 steps name the model, not a variant
 
     @property
     def url(self) -> str:
@@ -70,11 +76,13 @@ TARGETS = [
     Target("echo_default", "Serve echo floor, default runtime", "serve_echo", 8104, ("sweep",), False, ENDS),
     Target("single_default", "Serve, one deployment, default runtime", "serve_single", 8105, ("sweep",), False, ENDS),
     Target("app", "this app (3 deployments)", "local", 8000, ("sweep", "v2", "batch"), pairs=3),
-    Target("app_ortcpu", "this app, engine forced to ORT's CPU EP", "ortcpu", 8000, ("batch",), pairs=3),
+    Target("app_ortcpu", "this app, ORT's CPU EP", "ortcpu", 8000, ("sweep", "v2", "v2batch", "batch"), sweep=ENDS),
+    Target("triton", "Triton (PyTriton), ORT's CPU EP", "triton_peer", 8106, ("v2", "v2batch"), False, one_model=True),
+    Target("litserve", "LitServe + ONNX Runtime, batching", "litserve_peer", 8109, ("sweep", "batch"), False),
     Target("nobatch", "this app, batching off", "nobatch", 8000, ("sweep",), sweep=(32,)),
 ]
 # name: concurrency levels (empty: the target's sweep), images per request, protocol; FP32, "batch" INT8 too
-WORKLOADS = {"sweep": ((), 1, "v1"), "v2": ((32,), 1, "v2"), "batch": ((8,), 16, "v1")}
+WORKLOADS = {"sweep": ((), 1, "v1"), "v2": (ENDS, 1, "v2"), "v2batch": ((8,), 16, "v2"), "batch": ((8,), 16, "v1")}
 FULL = {"duration_s": 10.0, "warmup_s": 2.0, "concurrency": [1, 2, 4, 8, 16, 32, 64]}
 QUICK = {"duration_s": 2.0, "warmup_s": 1.0, "concurrency": [1, 4, 16, 32]}
 
@@ -98,7 +106,9 @@ def start_command(t: Target, log_dir: Path) -> list[str]:
     if t.runs in APP_CONFIGS:
         serve = Path(PY).parent / "serve"  # this venv's, even when not activated
         return [str(serve) if serve.is_file() else "serve", "run", str(write_config(log_dir, t.runs))]
-    return [PY, "-m", f"benchmarks.baselines.{t.runs}", "--port", str(t.port)]  # --device auto
+    # Triton's Python stubs need a venv made from the system's Python (see benchmarks/baselines/triton_peer.py).
+    py = str(REPO / TRITON_VENV / "bin" / "python") if t.runs == "triton_peer" else PY
+    return [py, "-m", f"benchmarks.baselines.{t.runs}", "--port", str(t.port)]  # --device auto
 
 
 def engines_and_answers(classify_url: str) -> dict[str, Any]:
@@ -116,26 +126,34 @@ def engines_and_answers(classify_url: str) -> dict[str, Any]:
     return out
 
 
-def probe_for(url: str) -> Callable[[httpx.Client], bool]:
-    """A readiness probe: one real classify request must answer 200."""
-    body, headers = Workload(url).payloads()[0]
-    return lambda client: client.post(url, content=body, headers=headers).status_code == 200
+def workload(t: Target, name: str, variant: str, timeout_s: float = 30.0) -> Workload:
+    _, per_request, protocol = WORKLOADS[name]
+    model = None if t.one_model and protocol == "v2" else variant
+    return Workload(t.url, model, per_request, timeout_s, protocol=protocol)
 
 
-def drive(t: Target, plan: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every workload of the target, in wrk; steps tagged with their workload and pair."""
-    steps = []
+def probe_for(t: Target) -> Callable[[httpx.Client], bool]:
+    """A readiness probe: one real classify request (of the target's first workload) must answer 200."""
+    wl = workload(t, t.workloads[0], "fp32")
+    body, headers = wl.payloads()[0]
+    return lambda client: client.post(wl.target, content=body, headers={**headers, **wl.headers()}).status_code == 200
+
+
+def drive(t: Target, plan: dict[str, Any], server_cpu: Callable[[], float]) -> list[dict[str, Any]]:
+    """Every workload of the target, in wrk; steps tagged with their workload and pair, and the server's CPU per
+    image beside the work alone (plan["floor"])."""
+    steps, work_ms = [], (plan.get("floor") or {}).get("work_ms_per_image")
     for name in t.workloads:
         levels, per_request, protocol = WORKLOADS[name]
         variants = ("fp32", "int8") if name == "batch" else ("fp32",)
         # Alternating order (fp32 int8, int8 fp32, ...), so drift on a shared machine hits both alike.
         for pair in range(t.pairs if name == "batch" else 1):
             for variant in variants[:: -1 if pair % 2 else 1]:
-                wl = Workload(t.url, variant, per_request, plan["timeout_s"], protocol=protocol)
+                wl = workload(t, name, variant, plan["timeout_s"])
                 print(f"  {name}: {per_request} image(s)/request, {protocol}, variant {variant}", file=sys.stderr)
                 for c in levels or t.sweep or plan["concurrency"]:
-                    step = wrk_step(wl, c, plan["duration_s"], plan["warmup_s"])
-                    steps.append({"workload": name, "pair": pair, **step})
+                    step = wrk_step(wl, c, plan["duration_s"], plan["warmup_s"], server_cpu)
+                    steps.append({"workload": name, "pair": pair, **step, **cost.per_image(step, work_ms)})
     return steps
 
 
@@ -157,16 +175,17 @@ def run_target(t: Target, plan: dict[str, Any], log_dir: Path) -> dict[str, Any]
     server = ServerProcess(t.name, out["start"], log_dir / f"{t.key}.log", cwd=REPO, env=env, fail_patterns=FAILED)
     out["log"] = str(server.log_path)
     print(f"\n== {t.name}: {' '.join(out['start'])}", file=sys.stderr, flush=True)
-    probe = probe_for(t.url)  # before the start: building the corpus takes seconds
+    probe = probe_for(t)  # before the start: building the corpus takes seconds
     server.start()
     try:
-        ready = t.url.replace("/v1/classify", "/readyz" if t.runs in APP_CONFIGS else "/healthz")
+        ready = t.url.replace("/v1/classify", READY.get(t.runs, "/healthz"))
         out["ready_s"] = server.wait_ready(ready, 240 if t.runs in APP_CONFIGS else 120, probe)
         print(f"  ready after {out['ready_s']:.1f} s", file=sys.stderr, flush=True)
         check_alone(server, t.port)
         if t.key.startswith("app"):
             out["engines"] = engines_and_answers(t.url)
-        out["steps"] = drive(t, plan)
+        server.snapshot_family()  # Ray's daemons and workers, started by now
+        out["steps"] = drive(t, plan, lambda: cost.tree_cpu_s(server.family))
         check_alone(server, t.port)
     except (ServerStartError, ConnectionError) as e:  # it died, or another process listens there too
         out["error"], out["log_tail"] = str(e), server.log_tail()
@@ -244,11 +263,57 @@ def target_rows(result: dict[str, Any]) -> list[list[Any]]:
         pairs = pair_ratios(_steps(result, key, "batch"), "int8", "fp32")
         what, measured = f"16 images/request, c=8: INT8 / FP32 img/s{label}", ", ".join(f"{x:.2f}" for x in pairs)
         rows.append(_row(what, measured or "n/a", median(pairs), ">= 1.6x" if key == "app" else None))
-    rows += engine_rows(result)
+    rows += engine_rows(result) + triton_rows(result)
     if app := _target(result, "app"):
         errors = sum(sum(st["errors"].values()) for st in app.get("steps", []))
         top = max((st.get("concurrency") or 0 for st in app.get("steps", [])), default=0)
         rows.append([f"errors, app, every step (up to c={top})", str(errors), None, "0", errors == 0])
+    return rows
+
+
+def triton_rows(result: dict[str, Any]) -> list[list[Any]]:
+    """The app on ORT's CPU EP against Triton on the same engine, and against the machine's ceiling."""
+
+    def m(key: str, workload: str, c: int, field: str = "throughput_rps") -> float | None:
+        return _measure(result, key, workload, c, field)
+
+    one, v2 = m("app_ortcpu", "sweep", 32), m("app_ortcpu", "v2", 32)
+    triton1, many = m("triton", "v2", 32), m("app_ortcpu", "v2batch", 8, "images_per_s")
+    ceiling = (result.get("plan", {}).get("floor") or {}).get("ceiling_images_per_s")
+    return [
+        _ratio_row("single image, c=32: app /v1/classify / Triton V2", one, triton1, ">= 1.0x"),
+        _ratio_row("single image, c=32: app V2 / Triton V2", v2, triton1, ">= 1.0x"),
+        _ratio_row(
+            "16 images/request, c=8, V2 img/s: app / Triton",
+            many,
+            m("triton", "v2batch", 8, "images_per_s"),
+            ">= 1.0x",
+            "",
+        ),
+        _ratio_row(
+            "p50 at c=1, V2: app / Triton",
+            m("app_ortcpu", "v2", 1, "p50_ms"),
+            m("triton", "v2", 1, "p50_ms"),
+            "<= 1.2x",
+            " ms",
+        ),
+        _ratio_row("16 images/request, c=8, V2 img/s: app / the machine's ceiling", many, ceiling, ">= 0.75x", ""),
+    ]
+
+
+CPU_HEADERS = ["target", "workload", "c", "img/s", "server CPU ms/image", "serving path ms/image", "wrk CPU ms/image"]
+
+
+def cpu_rows(result: dict[str, Any]) -> list[list[Any]]:
+    """Every FP32 step's CPU per image: the server's processes, what its path adds over the work alone, wrk's."""
+    rows = []
+    for t in result["targets"]:
+        for st in t.get("steps", []) if not t.get("error") else []:
+            if st.get("variant") in ("fp32", None) and st.get("pair", 0) == 0 and st["concurrency"] in (1, 8, 32):
+                images = (st.get("images_per_s") or 0) * st["window_s"]
+                client = st["client_cpu_s"] * 1000 / images if images and "client_cpu_s" in st else None
+                head = [t["key"], st["workload"], st["concurrency"], st.get("images_per_s")]
+                rows.append([*head, st.get("cpu_ms_per_image"), st.get("path_ms_per_image"), client])
     return rows
 
 
@@ -304,6 +369,9 @@ def to_markdown(result: dict[str, Any], targets: list[list[Any]], pngs: list[str
         "## Targets (computed from this run)\n",
         markdown_table(TARGET_HEADERS, targets),
         "The 1920x1080 preprocessing target is measured by `python -m benchmarks.preprocess_bench`.\n",
+        "## CPU per image (FP32)\n",
+        f"The work alone (benchmarks/cost.py, this run): {fmt(result['plan'].get('floor'))}.\n",
+        markdown_table(CPU_HEADERS, cpu_rows(result)),
     ]
     for t in result["targets"]:
         parts.append(f"## {t['name']}\n\n`{' '.join(t['start'])}` → {t['url']}\n")
@@ -328,6 +396,7 @@ def write_outputs(result: dict[str, Any], stem: Path) -> None:
     Path(f"{stem}.md").write_text(to_markdown(result, targets, pngs))
     print(markdown_table(SUMMARY_HEADERS, summary_rows(result["targets"])))
     print(markdown_table(TARGET_HEADERS, targets))
+    print(markdown_table(CPU_HEADERS, cpu_rows(result)))
     print(f"wrote {stem}.json, .md, -throughput.png and -p99.png ({result['wall_s']} s)")
 
 
@@ -349,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = {**(QUICK if args.quick else FULL), "timeout_s": 30.0, "client": "wrk"}
     plan |= {k: getattr(args, k) for k in ("duration_s", "warmup_s", "concurrency") if getattr(args, k) is not None}
     env, run_stamp, t0 = print_environment(), stamp(), time.perf_counter()
+    plan["floor"] = cost.floor(0.5 if args.quick else 2.0)  # before any server runs: the machine to itself
+    print(f"the work alone: {plan['floor']}", file=sys.stderr)
     log_dir = Path(tempfile.mkdtemp(prefix="bench-logs-"))
     print(f"server logs: {log_dir}", file=sys.stderr)
     targets = [run_target(t, plan, log_dir) for t in TARGETS if t.key in keys]

@@ -171,7 +171,7 @@ def test_targets_and_payloads() -> None:
     files = multipart_images(many[0][0], many[0][1]["Content-Type"], 64)
     assert files == [corpus[i % len(corpus)].data for i in range(16)]
     with pytest.raises(ValueError):
-        build_payloads(corpus, 2, "v2")
+        build_payloads(corpus, 0, "v2")
 
 
 def test_multipart_body_keeps_bytes_that_look_like_delimiters() -> None:
@@ -188,6 +188,10 @@ def test_v2_payloads_are_what_the_app_parses() -> None:
     wl = Workload("http://127.0.0.1:8000/v1/classify", "int8", protocol="v2")
     assert wl.target == "http://127.0.0.1:8000/v2/models/efficientnet_lite0-int8/infer" and wl.headers() == {}
     assert wl.payloads()[0][1]["Content-Type"] == v2.BINARY_CONTENT_TYPE
+    corpus = build_corpus(((320, 240), (640, 480)))
+    body, headers = Workload(protocol="v2", images_per_request=3, sizes=((320, 240), (640, 480))).payloads()[1]
+    req = v2.parse_infer_request(body, v2.parse_header_length(headers[v2.HEADER_LENGTH]), Limits(), (224, 224))
+    assert req.images == [corpus[1].data, corpus[2].data, corpus[3].data] and req.batch_size == 3
 
 
 def test_read_reply_takes_variant_and_batch_sizes() -> None:
@@ -292,6 +296,46 @@ def test_targets_are_computed_from_the_steps_of_one_run() -> None:
     result["targets"][1]["error"] = "did not start"
     again = {r[0]: r for r in target_rows(result)}
     assert again[c32 + "default runtime"][2] is None and again[c32 + "default runtime"][4] is None
+
+
+def test_triton_rows_compare_the_app_on_the_cpu_ep_with_triton_and_the_ceiling() -> None:
+    from benchmarks.run import TARGET_HEADERS, triton_rows
+
+    many = {"images_per_s": 64.0}
+    result = {
+        "plan": {"floor": {"ceiling_images_per_s": 100.0}},
+        "targets": [
+            {"key": "app_ortcpu", "steps": [_step("sweep", 32, 90.0), _step("v2", 32, 99.0), _step("v2", 1, 30.0)]},
+            {
+                "key": "triton",
+                "steps": [_step("v2", 32, 100.0), _step("v2", 1, 20.0), _step("v2batch", 8, 4.0, **many)],
+            },
+        ],
+    }
+    result["targets"][0]["steps"].append(_step("v2batch", 8, 5.0, images_per_s=80.0))
+    rows = {r[0]: dict(zip(TARGET_HEADERS, r, strict=True)) for r in triton_rows(result)}
+    one = rows["single image, c=32: app /v1/classify / Triton V2"]
+    assert (one["ratio"], one["met"]) == ("0.90x", False)
+    assert rows["single image, c=32: app V2 / Triton V2"]["ratio"] == "0.99x"
+    assert rows["16 images/request, c=8, V2 img/s: app / Triton"]["met"] is True  # 80 against 64 img/s
+    assert rows["p50 at c=1, V2: app / Triton"]["ratio"] == "0.67x"  # 1000/30 ms against 1000/20 ms: lower is better
+    ceiling = rows["16 images/request, c=8, V2 img/s: app / the machine's ceiling"]
+    assert (ceiling["ratio"], ceiling["met"]) == ("0.80x", True)
+    del result["plan"], result["targets"][1]  # no Triton, no floor: n/a rows, not a crash
+    assert all(r["met"] is None for r in (dict(zip(TARGET_HEADERS, x, strict=True)) for x in triton_rows(result)))
+
+
+def test_cpu_per_image_is_the_server_cpu_over_the_images_served() -> None:
+    from benchmarks import cost
+
+    step = {"images_per_s": 50.0, "window_s": 10.0, "server_cpu_s": 12.5}
+    assert cost.per_image(step, 20.0) == {"cpu_ms_per_image": 25.0, "path_ms_per_image": 5.0}
+    assert cost.per_image(step, None) == {"cpu_ms_per_image": 25.0, "path_ms_per_image": None}
+    assert cost.per_image({**step, "server_cpu_s": None}, 20.0) == {}
+    assert cost.per_image({**step, "images_per_s": None}, 20.0) == {}
+    import os
+
+    assert cost.tree_cpu_s([os.getpid()]) > 0 and cost.tree_cpu_s([2**22 + 7]) == 0.0  # a pid that cannot exist
 
 
 def test_the_nobatch_config_switches_off_both_kinds_of_batching_and_nothing_else(tmp_path: Path) -> None:

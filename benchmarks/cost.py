@@ -1,0 +1,104 @@
+"""What an image costs in CPU: the work alone (decode + inference, measured in this process) and a server's whole
+serving path (every process of the target, read from the kernel around a load step).
+
+The work alone is the floor every server pays: `floor()` decodes the benchmark corpus with the app's own
+`preprocess` and runs the FP32 model on ONNX Runtime's CPU EP, one intra-op thread, no spinning, at batch 1 and
+at batch 16, timing this process's CPU. The machine's ceiling is measured, not derived: one process per usable
+core decoding and inferring batches of 16 at once (cores that share caches or a physical core run slower together
+than one alone). A target's CPU per image minus the floor is what its serving path adds: HTTP,
+parsing, queues, copies, handles, metrics; the figure that decides how many CPU cores a GPU needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+import psutil
+
+from app.models import default_files
+from app.preprocess import preprocess
+from app.runtime import RuntimeOptions, onnxruntime_engine
+from benchmarks.corpus import build_corpus
+from benchmarks.environment import usable_cores
+
+BATCHES = (1, 16)
+
+
+def cpu_ms(fn: Callable[[], Any], at_least_s: float = 1.0) -> tuple[float, int]:
+    """(CPU ms of this process per call of fn, calls): calls repeated until `at_least_s` of CPU, one dropped."""
+    fn()
+    calls, t0 = 0, time.process_time()
+    while (spent := time.process_time() - t0) < at_least_s or calls < 3:
+        fn()
+        calls += 1
+    return spent * 1000 / calls, calls
+
+
+def _work(pixels_n: int, start_at: float, seconds: float) -> int:
+    """Decode + FP32 inference in batches of `pixels_n`, from `start_at` (time.time) for `seconds`: images done."""
+    corpus = [im.data for im in build_corpus()]
+    engine = onnxruntime_engine(default_files().fp32, RuntimeOptions(threads=1, prefer_gpu=False))
+    engine.logits(np.stack([preprocess(data) for data in corpus[:pixels_n]]))  # warm
+    done, i = 0, 0
+    while (now := time.time()) < start_at + seconds:
+        batch = np.stack([preprocess(corpus[(i + j) % len(corpus)]) for j in range(pixels_n)])
+        engine.logits(batch)
+        i += pixels_n
+        done += pixels_n if now >= start_at else 0
+    return done
+
+
+def ceiling(seconds: float = 4.0, batch: int = 16) -> float:
+    """Images/s of the work alone with every usable core busy: one process per core, each decoding and inferring
+    batches of `batch` (one thread, as the app's Classifier), over the same window."""
+    cores = usable_cores()
+    with ProcessPoolExecutor(cores, mp_context=multiprocessing.get_context("spawn")) as pool:
+        start_at = time.time() + 15.0  # every process loaded and warm by then
+        done = sum(pool.map(_work, [batch] * cores, [start_at] * cores, [seconds] * cores))
+    return done / seconds
+
+
+def floor(at_least_s: float = 1.0, ceiling_s: float = 4.0) -> dict[str, Any]:
+    """CPU ms per image of the decode and of FP32 inference (batch 1 and 16), and the machine's ceiling."""
+    corpus = [im.data for im in build_corpus()]
+    decode_ms = cpu_ms(lambda: [preprocess(data) for data in corpus], at_least_s)[0] / len(corpus)
+    engine = onnxruntime_engine(default_files().fp32, RuntimeOptions(threads=1, prefer_gpu=False))
+    pixels = np.stack([preprocess(data) for data in corpus[:16]])
+    infer_ms = {n: cpu_ms(lambda n=n: engine.logits(pixels[:n]), at_least_s)[0] / n for n in BATCHES}
+    per_image = decode_ms + infer_ms[16]
+    cores = usable_cores()
+    return {
+        "decode_ms": round(decode_ms, 3),
+        "infer_ms": {f"batch_{n}": round(ms, 3) for n, ms in infer_ms.items()},
+        "work_ms_per_image": round(per_image, 3),
+        "cores": cores,
+        "ideal_images_per_s": round(cores * 1000 / per_image, 1),
+        "ceiling_images_per_s": round(ceiling(ceiling_s), 1),
+        "how": "this process's CPU time: the app's preprocess over the corpus; FP32 on the ORT CPU EP, 1 thread; "
+        "the ceiling: one such process per core at once, batches of 16",
+    }
+
+
+def tree_cpu_s(pids: Iterable[int]) -> float:
+    """User + system CPU seconds of these processes so far (their reaped children's included)."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def per_image(step: dict[str, Any], work_ms: float | None) -> dict[str, Any]:
+    """A step's server CPU ms per image served, and what the serving path adds over the work alone."""
+    images = (step.get("images_per_s") or 0) * step.get("window_s", 0)
+    if not images or step.get("server_cpu_s") is None:
+        return {}
+    ms = step["server_cpu_s"] * 1000 / images
+    return {"cpu_ms_per_image": round(ms, 2), "path_ms_per_image": None if work_ms is None else round(ms - work_ms, 2)}
