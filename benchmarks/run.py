@@ -335,8 +335,10 @@ def engine_rows(result: dict[str, Any]) -> list[list[Any]]:
 
 
 def sweep_steps(t: dict[str, Any]) -> list[dict[str, Any]]:
-    """The target's single-image FP32 /v1/classify steps, by concurrency."""
-    return sorted((s for s in t.get("steps", []) if s["workload"] == "sweep"), key=lambda s: s["concurrency"])
+    """The target's single-image FP32 steps by concurrency: /v1/classify's, else (a V2-only peer) V2's."""
+    steps = [s for s in t.get("steps", []) if s["workload"] == "sweep"]
+    steps = steps or [s for s in t.get("steps", []) if s["workload"] == "v2"]
+    return sorted(steps, key=lambda s: s["concurrency"])
 
 
 SUMMARY_HEADERS = ["target", "p50 ms at c=1", "req/s at c=32", "best req/s", "errors (every step)"]
