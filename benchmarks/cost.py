@@ -23,34 +23,38 @@ import psutil
 
 from app.models import default_files
 from app.preprocess import preprocess
-from app.runtime import RuntimeOptions, onnxruntime_engine
+from app.runtime import OrtEngine, RuntimeOptions, onnxruntime_engine
 from benchmarks.corpus import build_corpus
 from benchmarks.environment import usable_cores
 
 BATCHES = (1, 16)
 
 
-def cpu_ms(fn: Callable[[], Any], at_least_s: float = 1.0) -> tuple[float, int]:
-    """(CPU ms of this process per call of fn, calls): calls repeated until `at_least_s` of CPU, one dropped."""
+def cpu_ms(fn: Callable[[], Any], at_least_s: float = 1.0) -> float:
+    """CPU ms of this process per call of fn: calls repeated until `at_least_s` of CPU (3 at least), one dropped."""
     fn()
     calls, t0 = 0, time.process_time()
     while (spent := time.process_time() - t0) < at_least_s or calls < 3:
         fn()
         calls += 1
-    return spent * 1000 / calls, calls
+    return spent * 1000 / calls
 
 
-def _work(pixels_n: int, start_at: float, seconds: float) -> int:
-    """Decode + FP32 inference in batches of `pixels_n`, from `start_at` (time.time) for `seconds`: images done."""
+def _work_parts() -> tuple[list[bytes], OrtEngine]:
+    """The corpus's encoded images, and the FP32 model on ORT's CPU EP with one thread (as a Classifier's batch)."""
     corpus = [im.data for im in build_corpus()]
-    engine = onnxruntime_engine(default_files().fp32, RuntimeOptions(threads=1, prefer_gpu=False))
-    engine.logits(np.stack([preprocess(data) for data in corpus[:pixels_n]]))  # warm
+    return corpus, onnxruntime_engine(default_files().fp32, RuntimeOptions(threads=1, prefer_gpu=False))
+
+
+def _work(batch: int, start_at: float, seconds: float) -> int:
+    """Decode + FP32 inference in batches of `batch`, from `start_at` (time.time) for `seconds`: images done."""
+    corpus, engine = _work_parts()
+    engine.logits(np.stack([preprocess(data) for data in corpus[:batch]]))  # warm
     done, i = 0, 0
     while (now := time.time()) < start_at + seconds:
-        batch = np.stack([preprocess(corpus[(i + j) % len(corpus)]) for j in range(pixels_n)])
-        engine.logits(batch)
-        i += pixels_n
-        done += pixels_n if now >= start_at else 0
+        engine.logits(np.stack([preprocess(corpus[(i + j) % len(corpus)]) for j in range(batch)]))
+        i += batch
+        done += batch if now >= start_at else 0
     return done
 
 
@@ -66,11 +70,10 @@ def ceiling(seconds: float = 4.0, batch: int = 16) -> float:
 
 def floor(at_least_s: float = 1.0, ceiling_s: float = 4.0) -> dict[str, Any]:
     """CPU ms per image of the decode and of FP32 inference (batch 1 and 16), and the machine's ceiling."""
-    corpus = [im.data for im in build_corpus()]
-    decode_ms = cpu_ms(lambda: [preprocess(data) for data in corpus], at_least_s)[0] / len(corpus)
-    engine = onnxruntime_engine(default_files().fp32, RuntimeOptions(threads=1, prefer_gpu=False))
-    pixels = np.stack([preprocess(data) for data in corpus[:16]])
-    infer_ms = {n: cpu_ms(lambda n=n: engine.logits(pixels[:n]), at_least_s)[0] / n for n in BATCHES}
+    corpus, engine = _work_parts()
+    decode_ms = cpu_ms(lambda: [preprocess(data) for data in corpus], at_least_s) / len(corpus)
+    pixels = np.stack([preprocess(data) for data in corpus[: max(BATCHES)]])
+    infer_ms = {n: cpu_ms(lambda n=n: engine.logits(pixels[:n]), at_least_s) / n for n in BATCHES}
     per_image = decode_ms + infer_ms[16]
     cores = usable_cores()
     return {
@@ -96,9 +99,14 @@ def tree_cpu_s(pids: Iterable[int]) -> float:
 
 
 def per_image(step: dict[str, Any], work_ms: float | None) -> dict[str, Any]:
-    """A step's server CPU ms per image served, and what the serving path adds over the work alone."""
+    """A step's server CPU ms per image served, what the serving path adds over the work alone, and the load
+    generator's CPU ms per image."""
     images = (step.get("images_per_s") or 0) * step.get("window_s", 0)
     if not images or step.get("server_cpu_s") is None:
         return {}
-    ms = step["server_cpu_s"] * 1000 / images
-    return {"cpu_ms_per_image": round(ms, 2), "path_ms_per_image": None if work_ms is None else round(ms - work_ms, 2)}
+    ms, client = step["server_cpu_s"] * 1000 / images, step.get("client_cpu_s")
+    return {
+        "cpu_ms_per_image": round(ms, 2),
+        "path_ms_per_image": None if work_ms is None else round(ms - work_ms, 2),
+        "client_ms_per_image": None if client is None else round(client * 1000 / images, 2),
+    }

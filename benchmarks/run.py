@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import shutil
 import sys
 import tempfile
@@ -206,7 +207,9 @@ def _steps(result: dict[str, Any], key: str, workload: str) -> list[dict[str, An
     return [st for st in (_target(result, key) or {}).get("steps", []) if st["workload"] == workload]
 
 
-def _measure(result: dict[str, Any], key: str, workload: str, concurrency: int | None, field: str) -> float | None:
+def _measure(
+    result: dict[str, Any], key: str, workload: str, concurrency: int | None, field: str = "throughput_rps"
+) -> float | None:
     """The median of `field` (a step's, or its latency's: p50_ms) over the target's FP32 steps of the workload at
     this concurrency (the "batch" pairs: three FP32 steps); concurrency None: the best of them."""
     steps = [st for st in _steps(result, key, workload) if st.get("variant") in ("fp32", None)]
@@ -244,9 +247,7 @@ def target_rows(result: dict[str, Any]) -> list[list[Any]]:
     """The performance targets, computed from this run's steps. The issue's peer is Ray's example as written
     (default runtime); the same peer on this app's runtime (configs/serve.env) is reported beside it."""
 
-    def m(key: str, workload: str, concurrency: int | None, field: str = "throughput_rps") -> float | None:
-        return _measure(result, key, workload, concurrency, field)
-
+    m = functools.partial(_measure, result)
     app32, app1, app16 = m("app", "sweep", 32), m("app", "sweep", 1, "p50_ms"), m("app", "batch", 8, "images_per_s")
     fastest = m("fastapi", "sweep", None)
     rows = [
@@ -275,9 +276,7 @@ def target_rows(result: dict[str, Any]) -> list[list[Any]]:
 def triton_rows(result: dict[str, Any]) -> list[list[Any]]:
     """The app on ORT's CPU EP against Triton on the same engine, and against the machine's ceiling."""
 
-    def m(key: str, workload: str, c: int, field: str = "throughput_rps") -> float | None:
-        return _measure(result, key, workload, c, field)
-
+    m = functools.partial(_measure, result)
     one, v2 = m("app_ortcpu", "sweep", 32), m("app_ortcpu", "v2", 32)
     triton1, many = m("triton", "v2", 32), m("app_ortcpu", "v2batch", 8, "images_per_s")
     ceiling = (result.get("plan", {}).get("floor") or {}).get("ceiling_images_per_s")
@@ -311,10 +310,8 @@ def cpu_rows(result: dict[str, Any]) -> list[list[Any]]:
     for t in result["targets"]:
         for st in t.get("steps", []) if not t.get("error") else []:
             if st.get("variant") in ("fp32", None) and st.get("pair", 0) == 0 and st["concurrency"] in (1, 8, 32):
-                images = (st.get("images_per_s") or 0) * st["window_s"]
-                client = st["client_cpu_s"] * 1000 / images if images and "client_cpu_s" in st else None
                 head = [t["key"], st["workload"], st["concurrency"], st.get("images_per_s")]
-                rows.append([*head, st.get("cpu_ms_per_image"), st.get("path_ms_per_image"), client])
+                rows.append([*head, *(st.get(f"{k}_ms_per_image") for k in ("cpu", "path", "client"))])
     return rows
 
 

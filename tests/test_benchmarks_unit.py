@@ -329,8 +329,16 @@ def test_cpu_per_image_is_the_server_cpu_over_the_images_served() -> None:
     from benchmarks import cost
 
     step = {"images_per_s": 50.0, "window_s": 10.0, "server_cpu_s": 12.5}
-    assert cost.per_image(step, 20.0) == {"cpu_ms_per_image": 25.0, "path_ms_per_image": 5.0}
-    assert cost.per_image(step, None) == {"cpu_ms_per_image": 25.0, "path_ms_per_image": None}
+    assert cost.per_image(step, 20.0) == {
+        "cpu_ms_per_image": 25.0,
+        "path_ms_per_image": 5.0,
+        "client_ms_per_image": None,
+    }
+    assert cost.per_image({**step, "client_cpu_s": 0.25}, None) == {
+        "cpu_ms_per_image": 25.0,
+        "path_ms_per_image": None,
+        "client_ms_per_image": 0.5,
+    }
     assert cost.per_image({**step, "server_cpu_s": None}, 20.0) == {}
     assert cost.per_image({**step, "images_per_s": None}, 20.0) == {}
     import os
