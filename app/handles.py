@@ -17,6 +17,11 @@ from app.serve_internals import routable_replicas, running_replicas
 _LOST = (RayActorError, DeploymentUnavailableError)
 
 
+def _lost(e: BaseException) -> ReplicaLost:
+    """A call's replica is gone (RayActorError), or the whole deployment is (DeploymentUnavailableError)."""
+    return ReplicaLost(type(e).__name__, unavailable=isinstance(e, DeploymentUnavailableError))
+
+
 class ServeBackend:
     def __init__(
         self, preprocessor: DeploymentHandle, classifiers: dict[str, DeploymentHandle], ledger: DeploymentHandle
@@ -56,7 +61,7 @@ class ServeBackend:
         except BackPressureError as e:
             raise ServiceError("overloaded", f"the service is at capacity ({e.message}); retry shortly") from None
         except _LOST as e:
-            raise ReplicaLost(type(e).__name__, unavailable=isinstance(e, DeploymentUnavailableError)) from e
+            raise _lost(e) from e
         except (RequestCancelledError, TaskCancelledError, asyncio.CancelledError):
             raise
         except Exception as e:
@@ -65,7 +70,7 @@ class ServeBackend:
                 raise found from None
             cause = getattr(e, "cause", None)
             if isinstance(cause, _LOST):
-                raise ReplicaLost(type(cause).__name__, isinstance(cause, DeploymentUnavailableError)) from e
+                raise _lost(cause) from e
             raise
 
     def routable(self, variant: str) -> int | None:
