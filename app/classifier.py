@@ -288,10 +288,6 @@ class Classifier:
     def check_health(self) -> None:
         if self.opened is not None and not self.engine.alive:
             raise RuntimeError(f"Classifier_{self.variant}: the engine is gone")
-        if self.opened is not None:
-            self._report_provider()  # re-set with every health check so the series never goes stale
-        if self.report is not None:
-            self.metrics.record_start(self.variant, self.report)  # likewise
 
     def _report_provider(self) -> None:
         self.metrics.record_provider(self.variant, self.engine.active_provider, self.engine.requested_providers)

@@ -15,6 +15,8 @@ boundaries are chosen for this workload and written down here:
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import TYPE_CHECKING
 
 from ray.serve.metrics import Counter, Gauge, Histogram
@@ -80,8 +82,50 @@ class RouterMetrics:
                 self.stage_ms.observe(timings[stage], tags={"stage": stage, "variant": variant})
 
 
+class HeldGauges:
+    """Gauges that state a fact (the engine, its measured speed), re-set on a timer so the series never lapses.
+
+    Ray exports a user gauge only in the report interval after it was set, and its agent drops a gauge
+    series not refreshed within two report intervals (ray/_private/telemetry/open_telemetry_metric_recorder.py,
+    `_resolve_gauge_ttl_seconds`): a value set once at start-up, or every 10 s by the health check against a
+    10 s report interval, disappears from some scrapes. Re-setting every third of an interval keeps it in all.
+    """
+
+    def __init__(self, period_s: float | None = None) -> None:
+        raw_ms = os.environ.get("RAY_metrics_report_interval_ms", "10000")  # noqa: SIM112 (Ray spells it so)
+        interval_s = max(1.0, float(raw_ms) / 1000)
+        self.period_s = period_s if period_s is not None else interval_s / 3
+        self._values: dict[tuple[int, tuple[tuple[str, str], ...]], tuple[Gauge, float]] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def replace(self, gauge: Gauge, series: list[tuple[dict[str, str], float]]) -> None:
+        """`gauge`'s series are now these (any other it held lapses within two report intervals)."""
+        with self._lock:
+            self._values = {k: v for k, v in self._values.items() if k[0] != id(gauge)}
+            for tags, value in series:
+                self._values[(id(gauge), tuple(sorted(tags.items())))] = (gauge, value)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._refresh_forever, name="held-gauges", daemon=True)
+                self._thread.start()
+        for tags, value in series:
+            gauge.set(value, tags=tags)
+
+    def refresh(self) -> None:
+        with self._lock:
+            held = list(self._values.items())
+        for (_, tags), (gauge, value) in held:
+            gauge.set(value, tags=dict(tags))
+
+    def _refresh_forever(self) -> None:
+        stop = threading.Event()  # never set: the thread lives as long as the replica process
+        while not stop.wait(self.period_s):
+            self.refresh()
+
+
 class ClassifierMetrics:
     def __init__(self) -> None:
+        self.held = HeldGauges()
         self.batch_size = Histogram(
             "app_batch_size", "Images per ONNX Runtime call", boundaries=BATCH_SIZES, tag_keys=("variant",)
         )
@@ -114,13 +158,17 @@ class ClassifierMetrics:
 
     def record_start(self, variant: str, report: StartupReport) -> None:
         """The replica's start-up measurement and, if gated, the speed gate's verdict."""
-        for batch, t in report.measured.items():
-            tags = {"variant": variant, "engine": report.engine, "batch": batch.removeprefix("batch_")}
-            self.measured.set(t.img_per_s, tags=tags)
+        self.held.replace(
+            self.measured,
+            [
+                ({"variant": variant, "engine": report.engine, "batch": batch.removeprefix("batch_")}, t.img_per_s)
+                for batch, t in report.measured.items()
+            ],
+        )
         if report.gate is not None:
             tags = {"variant": variant, "baseline": report.gate.baseline}
-            self.speed_gate.set(1 if report.gate.passed else 0, tags=tags)
-            self.speedup.set(report.gate.speedup, tags=tags)
+            self.held.replace(self.speed_gate, [(tags, 1 if report.gate.passed else 0)])
+            self.held.replace(self.speedup, [(tags, report.gate.speedup)])
 
     def record_batch(self, variant: str, images: int, inference_ms: float) -> None:
         tags = {"variant": variant}
@@ -130,4 +178,5 @@ class ClassifierMetrics:
         self.batch_ms.observe(inference_ms, tags=tags)
 
     def record_provider(self, variant: str, provider: str, requested: list[str]) -> None:
-        self.provider.set(1, tags={"variant": variant, "provider": provider, "requested": ",".join(requested)})
+        tags = {"variant": variant, "provider": provider, "requested": ",".join(requested)}
+        self.held.replace(self.provider, [(tags, 1)])

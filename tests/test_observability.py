@@ -103,17 +103,22 @@ def test_metrics_reach_prometheus_with_labels_and_counts(local_app: ServeDeploye
 
     # Each replica's own start-up measurement, per batch size, on the engine it chose (as /v1/models says now).
     # Gauges reach the scrape some seconds after they are set, and a replaced replica's series linger: poll.
+    seen: dict[str, Any] = {}
+
     def measured() -> set[tuple[str, str, str]] | None:
         now = httpx.get(local_app.url + "/v1/models", timeout=10).json()["variants"]
-        wanted = {(v, now[v]["engine"], b) for v in ("fp32", "int8") for b in ("1", "16")}
-        got = {
+        seen["wanted"] = {(v, now[v]["engine"], b) for v in ("fp32", "int8") for b in ("1", "16")}
+        seen["got"] = {
             (lab["variant"], lab["engine"], lab["batch"])
             for n, lab, _ in scrape()
             if n == "ray_app_engine_images_per_second"
         }
-        return got if got >= wanted else None
+        return seen["got"] if seen["got"] >= seen["wanted"] else None
 
-    wait_until(measured, 60, 1.0, "start-up measurements of the engines /v1/models names")
+    try:
+        wait_until(measured, 60, 1.0, "start-up measurements of the engines /v1/models names")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; last scrape: {seen}") from None
     gate = [v for n, lab, v in samples if n == "ray_app_speed_gate_speedup" and lab["variant"] == "int8"]
     assert gate == [models["int8"]["speed_gate"]["speedup"]]
     # Serve's own tags are on every sample
