@@ -239,3 +239,13 @@ def test_batch_endpoint_keeps_order_and_isolates_bad_images(local_app: ServeDepl
     assert [x.get("predictions", [{}])[0].get("class_id") for x in results] == [285, None, 652, 967]
     assert results[1]["error"]["code"] == "undecodable_image" and results[1]["status"] == 400
     assert r.json()["timings_ms"]["batch_size"] >= 3  # the three good images rode together
+
+
+def test_an_image_over_grpcs_default_4_mib_message_limit_is_classified(local_app: ServeDeployer) -> None:
+    """serve.env sends calls between replicas over gRPC, whose replica servers take 4 MiB per message unless
+    RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH says more: a 6 MB photo (or a group of 16 large ones) must pass."""
+    noise = np.random.default_rng(0).integers(0, 256, (1500, 1400, 3), dtype=np.uint8)
+    ok, png = cv2.imencode(".png", noise, [cv2.IMWRITE_PNG_COMPRESSION, 0])
+    assert ok and 4 * 2**20 < len(png) < 10 * 2**20
+    r = post_image(local_app.url, png.tobytes(), {"Content-Type": "image/png"})
+    assert r.status_code == 200, r.text
