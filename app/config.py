@@ -301,6 +301,26 @@ class RouterConfig(_Strict):
         description="requests in flight per Router replica, counted once their body has arrived; beyond, an "
         "immediate JSON 503 (load shedding)",
     )
+    max_queue_wait_s: float | None = Field(
+        None,
+        ge=0,
+        description="beyond max_in_flight, a request waits for a slot (FIFO) if the wait it can expect at the "
+        "measured rate of finishing requests fits in this, else it gets an immediate JSON 503; the wait counts "
+        "toward inference_timeout_s, which must leave room for the work (default: half of it). 0: no queue, "
+        "refuse at once. A waiting request costs no CPU; a refused one that its client resends at once costs "
+        "as much as a small request",
+    )
+    max_queued: int = Field(512, ge=0, description="requests waiting for a slot per Router replica (503 beyond)")
+    max_refusals_per_s: float = Field(
+        100,
+        ge=0,
+        description="503 overloaded replies per second per Router replica sent at once; beyond, each waits its "
+        "turn (at most inference_timeout_s), so clients that resend at once cannot spend the replicas' CPU on "
+        "refusals (each costs about what a small request does). 0: never paced",
+    )
+    max_queued_mib: float = Field(
+        256, gt=0, description="body bytes held by the waiting requests per Router replica (503 beyond)"
+    )
     body_timeout_s: float = Field(
         5.0,
         gt=0,
@@ -320,7 +340,8 @@ class RouterConfig(_Strict):
         gt=0,
         description="slow bodies arriving at once per Router replica, apart from max_in_flight; a body that "
         "becomes slow with all taken gets 408 body_timeout at once. Requests whose bodies are arriving still "
-        "count toward the Router's max_ongoing_requests (Serve's own cap): keep max_in_flight + this below it",
+        "count toward the Router's max_ongoing_requests (Serve's own cap): keep max_in_flight + max_queued + this "
+        "within it",
     )
     admin_token_env: str | None = Field(
         "APP_ADMIN_TOKEN",
@@ -333,6 +354,24 @@ class RouterConfig(_Strict):
         description="with no admin token in the environment, let anyone call the admin endpoints (local use "
         "only); false: they answer 403. A configured token is required either way",
     )
+
+    @property
+    def queue_wait_s(self) -> float:
+        return self.inference_timeout_s / 2 if self.max_queue_wait_s is None else self.max_queue_wait_s
+
+    @model_validator(mode="after")
+    def _queue_leaves_time_for_work(self) -> RouterConfig:
+        if self.max_queue_wait_s is not None and self.max_queue_wait_s >= self.inference_timeout_s:
+            raise ValueError(
+                f"max_queue_wait_s ({self.max_queue_wait_s}) must be below inference_timeout_s "
+                f"({self.inference_timeout_s}): the wait counts toward the deadline, and the work needs time too"
+            )
+        return self
+
+    def max_ongoing_needed(self) -> int:
+        """What Serve's max_ongoing_requests must allow the Router: in flight, waiting, and slow bodies."""
+        queue = self.max_queued if self.queue_wait_s > 0 else 0
+        return self.max_in_flight + queue * (2 if self.max_refusals_per_s > 0 else 1) + self.max_slow_bodies
 
     @field_validator("weights")
     @classmethod
@@ -393,6 +432,13 @@ def validate_serve_config(cfg: dict, app_index: int = 0) -> AppArgs:
 
     router = field(router_deployment_name(), RouterConfig)
     assert isinstance(router, RouterConfig)
+    router_ongoing = deployments.get(router_deployment_name(), {}).get("max_ongoing_requests")
+    if router_ongoing is not None and int(router_ongoing) < router.max_ongoing_needed():
+        raise ValueError(
+            f"deployments[Router].max_ongoing_requests ({router_ongoing}) is below max_in_flight + max_queued "
+            f"(x2 with paced refusals) + max_slow_bodies ({router.max_ongoing_needed()}): Serve would queue or "
+            "refuse (with its own text 503) the requests the Router means to hold or answer"
+        )
     unknown = sorted(set(router.weights) - set(args.variants))
     if unknown:
         raise ValueError(f"deployments[Router].user_config.weights: unknown variants {unknown}")

@@ -140,29 +140,54 @@ def _cancelled_total(url: str) -> int:
     return int(httpx.get(url + "/v1/models", timeout=10).json()["cancelled_requests"])
 
 
-def test_overload_on_one_machine_sheds_with_503_not_errors(local_app: ServeDeployer, model_files: ModelFiles) -> None:
-    # Tight limits so a short burst saturates them: the Router's in-flight cap sheds the excess.
-    local_app.deploy(local_config(model_files, max_in_flight=4))
+def _burst(url: str, n: int) -> list[tuple[httpx.Response, float]]:
+    """n requests at once; each reply with its latency (s)."""
+
+    async def one(client: httpx.AsyncClient) -> tuple[httpx.Response, float]:
+        t0 = time.perf_counter()
+        r = await client.post("/v1/classify", content=sample_bytes("coffee"), headers={"Content-Type": "image/png"})
+        return r, time.perf_counter() - t0
+
+    async def burst() -> list[tuple[httpx.Response, float]]:
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+        async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
+            return await asyncio.gather(*(one(client) for _ in range(n)))
+
+    return asyncio.run(burst())
+
+
+def _overloaded(r: httpx.Response) -> bool:
+    return r.status_code == 503 and r.json()["error"]["code"] == "overloaded" and r.headers["retry-after"] == "1"
+
+
+def test_overload_on_one_machine_waits_then_sheds_with_503_not_errors(
+    local_app: ServeDeployer, model_files: ModelFiles
+) -> None:
+    """A burst of 48 against max_in_flight 4: with the wait queue every request waits for a slot and succeeds;
+    without it the excess gets 503 at once; with a queue of 4 and refusals paced at 4/s, the refusals are spread
+    out in turn (a client resending at once is slowed to the pace) and every one is still a JSON 503."""
     try:
+        local_app.deploy(local_config(model_files, max_in_flight=4))
+        replies = _burst(local_app.url, 48)
+        assert [r.status_code for r, _ in replies] == [200] * 48, collections.Counter(r.status_code for r, _ in replies)
 
-        async def burst() -> list[httpx.Response]:
-            limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-            async with httpx.AsyncClient(base_url=local_app.url, timeout=30, limits=limits) as client:
-                return await asyncio.gather(
-                    *(
-                        client.post(
-                            "/v1/classify", content=sample_bytes("coffee"), headers={"Content-Type": "image/png"}
-                        )
-                        for _ in range(48)
-                    )
-                )
-
-        responses = asyncio.run(burst())
-        by: dict[Any, int] = collections.Counter(r.status_code for r in responses)
+        local_app.deploy(local_config(model_files, max_in_flight=4, max_queue_wait_s=0))
+        replies = _burst(local_app.url, 48)
+        by: dict[Any, int] = collections.Counter(r.status_code for r, _ in replies)
         assert set(by) <= {200, 503} and by[200] >= 4 and by[503] >= 1, by
-        for r in responses:
-            if r.status_code == 503:
-                assert r.json()["error"]["code"] == "overloaded" and r.headers["retry-after"] == "1"
+        assert all(_overloaded(r) for r, _ in replies if r.status_code == 503)
+
+        local_app.deploy(local_config(model_files, max_in_flight=4, max_queued=4, max_refusals_per_s=4))
+        replies = _burst(local_app.url, 48)
+        refused = sorted(t for r, t in replies if r.status_code == 503)
+        assert all(_overloaded(r) for r, _ in replies if r.status_code != 200), collections.Counter(
+            r.status_code for r, _ in replies
+        )
+        # Paced: 4 a second (pacing holds at most max_queued at once; the rest go at once), so some refusals
+        # wait their turn for a second or more, where unpaced ones all come back together at once.
+        assert len(refused) >= 10 and refused[-1] - refused[0] >= 0.5, refused
+        admission = httpx.get(local_app.url + "/v1/models", timeout=10).json()["admission"]
+        assert admission["refused"] >= len(refused) and admission["refusals_pacing"] == 0, admission
     finally:
         local_app.deploy(local_config(model_files))
 

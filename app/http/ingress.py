@@ -168,6 +168,7 @@ class Ingress:
         return {
             "router_replica_id": self.replica,
             "cancelled_requests": self.pipeline.admission.cancelled,
+            "admission": self.pipeline.admission.describe(),
             "bodies": {
                 "slow_now": self.bodies.slow,
                 "timed_out": self.bodies.timed_out,

@@ -55,13 +55,13 @@ class V1:
         else:
             reading.check_single_media(content_type)
         raw = await ing.receive(request)  # admission counts the request only once its body is here
-        async with ing.pipeline.admitted():
+        received = time.perf_counter()  # the request's deadline runs from here, a wait for admission included
+        async with ing.pipeline.admitted(len(raw)):
             rid = ing.request_id(request)
             if batch:
                 images = reading.multipart_images(raw, content_type or "", ing.limits.max_batch_files)
             else:
                 images = [reading.single_image(raw, content_type)]
-            received = time.perf_counter()  # the request's deadline runs from here
             choice = ing.choose(request)
             # The header pre-check on every image; a refused one fails only its own entry.
             refused, pixels = reading.check_images(images, ing.limits, ing.pipeline.known_size(choice.variant))

@@ -1,35 +1,204 @@
-"""Admission: a request is counted in flight, or refused at once (503) when the Router is at its limit."""
+"""Admission: a request is counted in flight, waits (bounded by the measured service rate) for a slot, or is
+refused at once with a 503.
+
+Under a retry storm (clients that resend the moment they are refused), an immediate refusal is the expensive
+answer: every refused request comes straight back, and refusing costs the Router as much CPU as a small request
+(HTTP parsing, Serve's request path, the JSON reply), taken from the replicas doing the work. Measured here: at
+512 connections the service spent its two cores on ~800 refusals a second and served a fifth of its capacity. A
+request that *waits* costs nothing while it waits, and its client sends nothing meanwhile. So beyond
+`max_in_flight`, a request waits in a FIFO queue when the wait it can expect, (its place in the queue) / (the rate
+at which admitted requests are finishing, measured over the last seconds), fits in `max_queue_wait_s`, and the
+queue holds fewer than `max_queued` requests and `max_queued_bytes` of bodies; otherwise it is refused at once.
+The wait counts toward the request's own deadline (inference_timeout_s runs from the body's arrival), so the
+queue never admits work that cannot finish in time; one that does wait too long is refused then.
+
+Refusals are paced: beyond `refusals_per_s` a refusal is sent later, in turn, or at the end of `pace_wait_s` (the
+request's deadline) when its turn would come later still. A client that resends at once is slowed to the pace, and a
+storm costs the Router about `refusals_per_s` requests' CPU a second plus one refusal per connection per deadline.
+Below the pace a refusal goes at once.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
 
 from app.errors import ServiceError
 
 
-class Admission:
-    """The in-flight count of one Router and the requests whose client went away."""
+class CompletionRate:
+    """Admitted requests finishing per second, over a sliding window (None until the window has seen some)."""
 
-    def __init__(self, on_cancel: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, window_s: float = 3.0, min_samples: int = 8, clock: Callable[[], float] = time.monotonic):
+        self.window_s, self.min_samples, self._clock = window_s, min_samples, clock
+        self._done: collections.deque[float] = collections.deque()
+        self._since = clock()
+
+    def record(self) -> None:
+        self._done.append(self._clock())
+
+    def per_s(self) -> float | None:
+        now = self._clock()
+        while self._done and self._done[0] < now - self.window_s:
+            self._done.popleft()
+        if len(self._done) < self.min_samples:
+            return None
+        span = min(self.window_s, now - self._since)
+        return len(self._done) / span if span > 0 else None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one Router admits: `in_flight` at once, and behind them a queue bounded in time, count and bytes."""
+
+    in_flight: int
+    queue_wait_s: float = 0.0  # 0: no queue, refuse at once beyond in_flight
+    queued: int = 0
+    queued_bytes: int = 0
+    refusals_per_s: float = 0.0  # beyond this rate refusals are paced (sent later, in turn); 0: never paced
+    pace_wait_s: float = 0.0  # the longest a paced refusal waits for its turn (beyond, it goes at once)
+
+
+class Admission:
+    """The in-flight count of one Router, its wait queue, and the requests whose client went away."""
+
+    def __init__(self, on_cancel: Callable[[], None] = lambda: None, rate: CompletionRate | None = None) -> None:
         self.in_flight = 0
         self.cancelled = 0
+        self.refused = 0
+        self.rate = rate or CompletionRate()
+        self._queue: collections.deque[tuple[asyncio.Future[None], int]] = collections.deque()
+        self._queued_bytes = 0
         self._on_cancel = on_cancel
+        self.pacing = 0  # refusals waiting for their turn
+        self._pacing_bytes = 0
+        self._next_refusal_at = 0.0
 
-    def check(self, limit: int) -> None:
-        if self.in_flight >= limit:
-            raise ServiceError("overloaded", f"{self.in_flight} requests in flight on this Router; retry shortly")
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def describe(self) -> dict[str, Any]:
+        rate = self.rate.per_s()
+        return {
+            "in_flight": self.in_flight,
+            "waiting": len(self._queue),
+            "refused": self.refused,
+            "refusals_pacing": self.pacing,
+            "finishing_per_s": None if rate is None else round(rate, 1),
+        }
 
     def client_gone(self) -> None:
         self.cancelled += 1
         self._on_cancel()
 
+    def expected_wait_s(self, place: int) -> float | None:
+        """The wait of the `place`-th request in the queue (1 = next) at the measured rate; None: not measured."""
+        rate = self.rate.per_s()
+        return None if rate is None else place / rate
+
+    def _refuse(self, why: str) -> ServiceError:
+        self.refused += 1
+        return ServiceError("overloaded", f"{why}; retry shortly")
+
+    async def _paced(self, limits: Limits, refusal: ServiceError, size: int, waited_s: float) -> ServiceError:
+        """The refusal, sent when the pace allows: at most `refusals_per_s`, the rest later, in turn.
+
+        A client that resends the moment it is refused turns every refusal into another request: paced, a
+        refusal storm costs at most `refusals_per_s` requests' CPU, and the replicas keep the rest. A refusal
+        whose turn comes after `pace_wait_s` from its arrival (`waited_s` ago) is sent then, out of turn: so a
+        connection that resends at once costs one refusal per `pace_wait_s` at most, however many there are.
+        With `queued` refusals or `queued_bytes` of bodies (waiting ones' and paced ones' together) held
+        already, a refusal is sent at once.
+        """
+        if limits.refusals_per_s <= 0:
+            return refusal
+        now = time.monotonic()
+        full = self.pacing >= limits.queued or self._queued_bytes + self._pacing_bytes + size > limits.queued_bytes
+        if full:
+            return refusal
+        at = max(now, self._next_refusal_at)
+        if at - now <= limits.pace_wait_s - waited_s:
+            self._next_refusal_at = at + 1.0 / limits.refusals_per_s  # its turn
+        else:
+            at = now + max(0.0, limits.pace_wait_s - waited_s)  # out of turn, at the end of its wait
+        if at > now:
+            self.pacing += 1
+            self._pacing_bytes += size
+            try:
+                await asyncio.sleep(at - now)  # the refusal's turn: a schedule, not a wait for an event
+            finally:
+                self.pacing -= 1
+                self._pacing_bytes -= size
+        return refusal
+
+    def _may_wait(self, limits: Limits, size: int) -> None:
+        """Raise 503 overloaded unless this request may join the queue."""
+        if limits.queue_wait_s <= 0 or limits.queued <= 0:
+            raise self._refuse(f"{self.in_flight} requests in flight on this Router")
+        if len(self._queue) >= limits.queued or self._queued_bytes + size > limits.queued_bytes:
+            raise self._refuse(f"{self.in_flight} requests in flight and {len(self._queue)} waiting on this Router")
+        expected = self.expected_wait_s(len(self._queue) + 1)
+        if expected is not None and expected > limits.queue_wait_s:
+            raise self._refuse(
+                f"{len(self._queue)} requests waiting, about {expected:.1f} s at the rate requests finish "
+                f"({self.rate.per_s() or 0:.0f}/s), over the {limits.queue_wait_s:g} s this Router lets one wait"
+            )
+
+    async def _wait_for_slot(self, limits: Limits, size: int) -> None:
+        """Queue for a slot (handed over by a finishing request), or 503 when the wait runs out."""
+        slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (slot, size)
+        self._queue.append(entry)
+        self._queued_bytes += size
+        try:
+            await asyncio.wait_for(asyncio.shield(slot), limits.queue_wait_s)
+        except asyncio.TimeoutError:
+            if not slot.done():
+                raise self._refuse(f"no slot freed within {limits.queue_wait_s:g} s") from None
+        except asyncio.CancelledError:
+            self.client_gone()
+            if slot.done() and not slot.cancelled():  # handed a slot just as the client left: pass it on
+                self._release()
+            raise
+        finally:
+            if not slot.done():
+                slot.cancel()
+            with contextlib.suppress(ValueError):
+                self._queue.remove(entry)
+                self._queued_bytes -= size
+
+    def _release(self) -> None:
+        """A slot frees: hand it to the oldest waiter still waiting, else count it free."""
+        while self._queue:
+            slot, size = self._queue.popleft()
+            self._queued_bytes -= size
+            if not slot.done():
+                slot.set_result(None)  # in_flight stays: the slot changes hands
+                return
+        self.in_flight -= 1
+
     @contextlib.asynccontextmanager
-    async def admitted(self, limit: int) -> AsyncIterator[None]:
-        """Hold one of `limit` slots for the body of the `async with`, or raise 503 overloaded now."""
-        self.check(limit)
-        self.in_flight += 1
+    async def admitted(self, limits: Limits | int, size: int = 0) -> AsyncIterator[None]:
+        """Hold a slot for the body of the `async with` (waiting for one if the queue allows), or raise 503.
+
+        `size`: the request's body bytes, held while it waits (bounded by `limits.queued_bytes`).
+        """
+        limits = limits if isinstance(limits, Limits) else Limits(limits)
+        if self.in_flight < limits.in_flight and not self._queue:
+            self.in_flight += 1
+        else:
+            arrived = time.monotonic()
+            try:
+                self._may_wait(limits, size)
+                await self._wait_for_slot(limits, size)
+            except ServiceError as refusal:
+                raise await self._paced(limits, refusal, size, time.monotonic() - arrived) from None
         try:
             yield
         except asyncio.CancelledError:
@@ -38,4 +207,5 @@ class Admission:
             self.client_gone()
             raise
         finally:
-            self.in_flight -= 1
+            self.rate.record()
+            self._release()

@@ -22,7 +22,7 @@ from app.config import RouterConfig
 from app.errors import ServiceError
 from app.guards import deadline_message, wall_deadline
 from app.payloads import Pixels, Scores
-from app.pipeline.admission import Admission
+from app.pipeline.admission import Admission, Limits
 from app.pipeline.coalescer import Coalescer, Waiter
 from app.pipeline.failover import Failover
 from app.pipeline.ports import Backend, Call, ReplicaLost, ShadowMetrics
@@ -91,11 +91,20 @@ class Pipeline:
         assert self.settings is not None
         return self.settings.max_groups_in_flight, self.settings.coalesce_max
 
-    def admitted(self) -> Any:
-        """`async with pipeline.admitted():` one in-flight slot, or 503 overloaded at once."""
-        assert self.settings is not None
+    def admitted(self, size: int = 0) -> Any:
+        """`async with pipeline.admitted(len(body)):` one in-flight slot, after a bounded wait for it, or 503."""
+        s = self.settings
+        assert s is not None
         self.evidence.ensure_flusher()
-        return self.admission.admitted(self.settings.max_in_flight)
+        limits = Limits(
+            s.max_in_flight,
+            s.queue_wait_s,
+            s.max_queued,
+            int(s.max_queued_mib * 2**20),
+            s.max_refusals_per_s,
+            s.inference_timeout_s,
+        )
+        return self.admission.admitted(limits, size)
 
     # -- classification --------------------------------------------------------------
 
