@@ -4,7 +4,7 @@ STAMP := .venv/.installed
 TRITON_STAMP := .venv-triton/.installed
 MODELS := models/efficientnet_lite0-fp32.onnx models/efficientnet_lite0-int8.onnx models/efficientnet_lite0-int8-trt.onnx
 
-.PHONY: install models serve status test lint bench soak k8s clean
+.PHONY: install models serve status test lint bench overload soak k8s clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv .venv
@@ -48,6 +48,9 @@ bench: $(MODELS) $(TRITON_STAMP)   ## the peers (Triton, LitServe, FastAPI, Serv
 	$(PY) -m benchmarks.model_bench
 	$(PY) -m benchmarks.preprocess_bench
 	$(PY) -m benchmarks.engine_bench
+
+overload: $(MODELS) $(TRITON_STAMP)   ## a retry storm (32..1024 connections) and 2x/4x/10x open-loop load: this app, queue on and off, and Triton
+	$(PY) -m benchmarks.overload
 
 soak: $(MODELS)     ## 10 minutes at ~70% of capacity: memory per replica, errors, dashboard panels (needs `prometheus`)
 	$(PY) -m benchmarks.soak --start --minutes 10 --shadow-fraction 0.05

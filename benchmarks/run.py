@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 # Log lines (regular expressions) that mean a Serve deployment has failed: stop waiting for readiness.
 FAILED = ("DEPLOY_FAILED", r"Deploying app '[^']*' failed")
-APP_CONFIGS = ("local", "nobatch", "ortcpu")  # configs/local.yaml, as is or changed by write_config
+APP_CONFIGS = ("local", "nobatch", "ortcpu", "noqueue", "paceonly")  # configs/local.yaml, as is or changed
 # else /healthz; Triton's /v2/health/ready answers 200 before the model has loaded
 READY = {**dict.fromkeys(APP_CONFIGS, "/readyz"), "triton_peer": f"/v2/models/{MODEL_NAME}/ready"}
 TRITON_VENV = ".venv-triton"
@@ -90,7 +90,9 @@ QUICK = {"duration_s": 2.0, "warmup_s": 1.0, "concurrency": [1, 4, 16, 32]}
 
 def write_config(directory: Path, kind: str) -> Path:
     """configs/local.yaml with absolute model paths and, for kind "nobatch", every kind of batching off (one
-    request per Preprocessor and Classifier call), for "ortcpu", every variant on ORT's CPU EP (engine: cpu)."""
+    request per Preprocessor and Classifier call), for "ortcpu", every variant on ORT's CPU EP (engine: cpu), for
+    "noqueue", the Router's wait queue and refusal pacing off (a 503 at once beyond max_in_flight), for "paceonly",
+    the wait queue off and refusals paced."""
     cfg = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
     app = cfg["applications"][0]
     for v in app["args"]["variants"].values():
@@ -98,6 +100,9 @@ def write_config(directory: Path, kind: str) -> Path:
     for d in app["deployments"] if kind == "nobatch" else []:
         if d["name"] == "Router" or d["name"].startswith("Classifier_"):
             d["user_config"]["coalesce_max" if d["name"] == "Router" else "max_batch_size"] = 1
+    for d in app["deployments"] if kind in ("noqueue", "paceonly") else []:
+        if d["name"] == "Router":
+            d["user_config"] |= {"max_queue_wait_s": 0} | ({"max_refusals_per_s": 0} if kind == "noqueue" else {})
     path = directory / f"local-{kind}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -168,7 +173,11 @@ def check_alone(server: ServerProcess, port: int) -> None:
         )
 
 
-def run_target(t: Target, plan: dict[str, Any], log_dir: Path) -> dict[str, Any]:
+Steps = Callable[[Target, dict[str, Any], ServerProcess], list[dict[str, Any]]]
+
+
+def run_target(t: Target, plan: dict[str, Any], log_dir: Path, steps: Steps | None = None) -> dict[str, Any]:
+    """Start the target, run `steps` on it (default: its workloads, `drive`), stop it: what it measured."""
     out: dict[str, Any] = {**dataclasses.asdict(t), "url": t.url, "start": start_command(t, log_dir)}
     if port_open(t.url):
         return {**out, "error": f"something already listens at {t.url}: a server this run did not start"}
@@ -187,7 +196,10 @@ def run_target(t: Target, plan: dict[str, Any], log_dir: Path) -> dict[str, Any]
         if t.key.startswith("app"):
             out["engines"] = engines_and_answers(t.url)
         server.snapshot_family()  # Ray's daemons and workers, started by now
-        out["steps"] = drive(t, plan, lambda: cost.tree_cpu_s(server.family))
+        if steps is None:
+            out["steps"] = drive(t, plan, lambda: cost.tree_cpu_s(server.family))
+        else:
+            out["steps"] = steps(t, plan, server)
         check_alone(server, t.port)
     except (ServerStartError, ConnectionError) as e:  # it died, or another process listens there too
         out["error"], out["log_tail"] = str(e), server.log_tail()
