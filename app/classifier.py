@@ -80,13 +80,13 @@ class Classifier:
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         cfg = self._checked(ClassifierConfig.model_validate(config or {}))
-        first = self.opened is None
-        if first or self._needs_reopen(cfg):
+        opening = self.opened is None or self._needs_reopen(cfg)
+        if opening:
             self._open(cfg)
         self._set_batching(cfg)
         if cfg.warmup and self._warmed_to < cfg.max_batch_size:
             self._warm_up(cfg.max_batch_size)
-        if first:
+        if opening:  # a reopened engine may be another one (auto chooses again): its own figures, not the last's
             self._measure(cfg)
         if cfg.profile_batches != (self.cfg.profile_batches if self.cfg else 0) and cfg.profile_batches > 0:
             assert self._profile is not None
