@@ -311,6 +311,13 @@ class RouterConfig(_Strict):
         "as much as a small request",
     )
     max_queued: int = Field(512, ge=0, description="requests waiting for a slot per Router replica (503 beyond)")
+    max_queued_per_user: int | None = Field(
+        None,
+        ge=0,
+        description="of those, how many one user (the sticky header, X-User-Id) may hold, so one client cannot "
+        "take the whole queue (default: a quarter of max_queued; 0: no cap). Requests without the header are "
+        "not capped: through HAProxy the Router cannot tell connections apart",
+    )
     max_refusals_per_s: float = Field(
         100,
         ge=0,
@@ -354,6 +361,10 @@ class RouterConfig(_Strict):
         description="with no admin token in the environment, let anyone call the admin endpoints (local use "
         "only); false: they answer 403. A configured token is required either way",
     )
+
+    @property
+    def queued_per_user(self) -> int:
+        return max(1, self.max_queued // 4) if self.max_queued_per_user is None else self.max_queued_per_user
 
     @property
     def queue_wait_s(self) -> float:

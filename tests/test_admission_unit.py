@@ -43,12 +43,12 @@ class Holder:
         self.order: list[int] = []
         self.tasks: list[asyncio.Task[None]] = []
 
-    def start(self, size: int = 0) -> asyncio.Task[None]:
+    def start(self, size: int = 0, user: str | None = None) -> asyncio.Task[None]:
         i, gate = len(self.gates), asyncio.Event()
         self.gates.append(gate)
 
         async def hold() -> None:
-            async with self.adm.admitted(self.limits, size):
+            async with self.adm.admitted(self.limits, size, user):
                 self.order.append(i)
                 await gate.wait()
 
@@ -57,9 +57,9 @@ class Holder:
         return task
 
 
-async def refused(adm: Admission, limits: Limits, size: int = 0) -> ServiceError:
+async def refused(adm: Admission, limits: Limits, size: int = 0, user: str | None = None) -> ServiceError:
     with pytest.raises(ServiceError) as e:
-        async with adm.admitted(limits, size):
+        async with adm.admitted(limits, size, user):
             pass
     assert e.value.code == "overloaded" and e.value.status == 503 and e.value.headers()["Retry-After"]
     return e.value
@@ -194,6 +194,7 @@ def test_the_queue_wait_must_leave_time_for_the_work_and_serve_must_have_room_fo
     with pytest.raises(ValueError, match="below inference_timeout_s"):
         RouterConfig(weights={"fp32": 1}, inference_timeout_s=5, max_queue_wait_s=5)
     assert RouterConfig(weights={"fp32": 1}, inference_timeout_s=3).queue_wait_s == 1.5  # default: half of it
+    assert RouterConfig(weights={"fp32": 1}).queued_per_user == 128  # default: a quarter of max_queued
     assert RouterConfig(weights={"fp32": 1}).max_ongoing_needed() == 192 + 2 * 512 + 32  # waiting + pacing
     assert RouterConfig(weights={"fp32": 1}, max_refusals_per_s=0).max_ongoing_needed() == 192 + 512 + 32
     assert RouterConfig(weights={"fp32": 1}, max_queue_wait_s=0).max_ongoing_needed() == 192 + 32
@@ -249,5 +250,30 @@ def test_a_refusal_whose_turn_is_beyond_the_wait_budget_goes_at_the_end_of_it() 
         assert loop.time() - t0 < 1.0
         h.gates[0].set()
         await h.tasks[0]
+
+    run(go())
+
+
+def test_one_user_cannot_take_the_whole_queue() -> None:
+    async def go() -> None:
+        adm = Admission()
+        limits = Limits(1, queue_wait_s=5, queued=10, queued_bytes=1 << 20, queued_per_user=2)
+        h = Holder(adm, limits)
+        h.start(user="greedy")  # in flight
+        for _ in range(2):
+            h.start(user="greedy")
+        await until(lambda: adm.queued == 2)
+        err = await refused(adm, limits, user="greedy")
+        assert "this user has 2 requests waiting" in err.message
+        h.start(user="other")  # another user still gets a place, and so does one with no X-User-Id
+        h.start()
+        await until(lambda: adm.queued == 4)
+        for g in h.gates:
+            g.set()
+        await asyncio.gather(*h.tasks)
+        assert h.order == [0, 1, 2, 3, 4] and adm.in_flight == 0 and not adm._by_user
+        h.start(user="greedy")  # the count is given back: greedy may wait again
+        h.gates[-1].set()
+        await h.tasks[-1]
 
     run(go())

@@ -159,6 +159,10 @@ class Ingress:
         """Serve's own request id (it also returns it as X-Request-Id and logs it)."""
         return request_id() or request.headers.get("x-request-id") or uuid.uuid4().hex
 
+    def user(self, request: Request) -> str | None:
+        """Who sent the request, as the sticky header says (None: not said)."""
+        return request.headers.get(self.config.sticky_header)
+
     def observe_pixels(self, pixels: list[int]) -> None:
         for n in pixels:
             self.metrics.input_pixels.observe(n)

@@ -56,7 +56,7 @@ class V1:
             reading.check_single_media(content_type)
         raw = await ing.receive(request)  # admission counts the request only once its body is here
         received = time.perf_counter()  # the request's deadline runs from here, a wait for admission included
-        async with ing.pipeline.admitted(len(raw)):
+        async with ing.pipeline.admitted(len(raw), ing.user(request)):
             rid = ing.request_id(request)
             if batch:
                 images = reading.multipart_images(raw, content_type or "", ing.limits.max_batch_files)

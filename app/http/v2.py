@@ -104,7 +104,7 @@ class V2:
         raw = await ing.receive(request, json_limit if header_length is None and not compressed else body_limit)
         pipeline = ing.pipeline
         received = time.perf_counter()  # the deadline runs from the body's arrival, a wait for admission included
-        async with pipeline.admitted(len(raw)):
+        async with pipeline.admitted(len(raw), ing.user(request)):
             choice = ing.choose(request, pinned)
             body = await ing.inflate(raw, encoding, json_limit if header_length is None else body_limit)
             spec = await pipeline.spec(choice.variant)

@@ -62,6 +62,7 @@ class Limits:
     queued_bytes: int = 0
     refusals_per_s: float = 0.0  # beyond this rate refusals are paced (sent later, in turn); 0: never paced
     pace_wait_s: float = 0.0  # the longest a paced refusal waits for its turn (beyond, it goes at once)
+    queued_per_user: int = 0  # waiting requests one user (X-User-Id) may hold; 0: no cap
 
 
 class Admission:
@@ -74,6 +75,7 @@ class Admission:
         self.rate = rate or CompletionRate()
         self._queue: collections.deque[tuple[asyncio.Future[None], int]] = collections.deque()
         self._queued_bytes = 0
+        self._by_user: collections.Counter[str] = collections.Counter()
         self._on_cancel = on_cancel
         self.pacing = 0  # refusals waiting for their turn
         self._pacing_bytes = 0
@@ -137,10 +139,12 @@ class Admission:
                 self._pacing_bytes -= size
         return refusal
 
-    def _may_wait(self, limits: Limits, size: int) -> None:
+    def _may_wait(self, limits: Limits, size: int, user: str | None) -> None:
         """Raise 503 overloaded unless this request may join the queue."""
         if limits.queue_wait_s <= 0 or limits.queued <= 0:
             raise self._refuse(f"{self.in_flight} requests in flight on this Router")
+        if user is not None and limits.queued_per_user > 0 and self._by_user[user] >= limits.queued_per_user:
+            raise self._refuse(f"this user has {self._by_user[user]} requests waiting, the most one user may")
         if len(self._queue) >= limits.queued or self._queued_bytes + size > limits.queued_bytes:
             raise self._refuse(f"{self.in_flight} requests in flight and {len(self._queue)} waiting on this Router")
         expected = self.expected_wait_s(len(self._queue) + 1)
@@ -150,12 +154,14 @@ class Admission:
                 f"({self.rate.per_s() or 0:.0f}/s), over the {limits.queue_wait_s:g} s this Router lets one wait"
             )
 
-    async def _wait_for_slot(self, limits: Limits, size: int) -> None:
+    async def _wait_for_slot(self, limits: Limits, size: int, user: str | None) -> None:
         """Queue for a slot (handed over by a finishing request), or 503 when the wait runs out."""
         slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (slot, size)
         self._queue.append(entry)
         self._queued_bytes += size
+        if user is not None:
+            self._by_user[user] += 1
         try:
             await asyncio.wait_for(asyncio.shield(slot), limits.queue_wait_s)
         except asyncio.TimeoutError:
@@ -167,6 +173,10 @@ class Admission:
                 self._release()
             raise
         finally:
+            if user is not None:
+                self._by_user[user] -= 1
+                if not self._by_user[user]:
+                    del self._by_user[user]
             if not slot.done():
                 slot.cancel()
             with contextlib.suppress(ValueError):
@@ -184,10 +194,11 @@ class Admission:
         self.in_flight -= 1
 
     @contextlib.asynccontextmanager
-    async def admitted(self, limits: Limits | int, size: int = 0) -> AsyncIterator[None]:
+    async def admitted(self, limits: Limits | int, size: int = 0, user: str | None = None) -> AsyncIterator[None]:
         """Hold a slot for the body of the `async with` (waiting for one if the queue allows), or raise 503.
 
-        `size`: the request's body bytes, held while it waits (bounded by `limits.queued_bytes`).
+        `size`: the request's body bytes, held while it waits (bounded by `limits.queued_bytes`). `user`: who sent
+        it (X-User-Id), so that one user cannot take the whole queue (`limits.queued_per_user`); None: unknown.
         """
         limits = limits if isinstance(limits, Limits) else Limits(limits)
         if self.in_flight < limits.in_flight and not self._queue:
@@ -195,8 +206,8 @@ class Admission:
         else:
             arrived = time.monotonic()
             try:
-                self._may_wait(limits, size)
-                await self._wait_for_slot(limits, size)
+                self._may_wait(limits, size, user)
+                await self._wait_for_slot(limits, size, user)
             except ServiceError as refusal:
                 raise await self._paced(limits, refusal, size, time.monotonic() - arrived) from None
         try:

@@ -91,8 +91,8 @@ class Pipeline:
         assert self.settings is not None
         return self.settings.max_groups_in_flight, self.settings.coalesce_max
 
-    def admitted(self, size: int = 0) -> Any:
-        """`async with pipeline.admitted(len(body)):` one in-flight slot, after a bounded wait for it, or 503."""
+    def admitted(self, size: int = 0, user: str | None = None) -> Any:
+        """`async with pipeline.admitted(len(body), user):` one in-flight slot, after a bounded wait for it, or 503."""
         s = self.settings
         assert s is not None
         self.evidence.ensure_flusher()
@@ -103,8 +103,9 @@ class Pipeline:
             int(s.max_queued_mib * 2**20),
             s.max_refusals_per_s,
             s.inference_timeout_s,
+            s.queued_per_user,
         )
-        return self.admission.admitted(limits, size)
+        return self.admission.admitted(limits, size, user)
 
     # -- classification --------------------------------------------------------------
 
