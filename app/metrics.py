@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from ray.serve.metrics import Counter, Gauge, Histogram
@@ -118,8 +119,8 @@ class HeldGauges:
             gauge.set(value, tags=dict(tags))
 
     def _refresh_forever(self) -> None:
-        stop = threading.Event()  # never set: the thread lives as long as the replica process
-        while not stop.wait(self.period_s):
+        while True:  # the thread lives as long as the replica process
+            time.sleep(self.period_s)  # a period, not a wait for anything
             self.refresh()
 
 

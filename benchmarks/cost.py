@@ -88,13 +88,18 @@ def floor(at_least_s: float = 1.0, ceiling_s: float = 4.0) -> dict[str, Any]:
     }
 
 
+def process_cpu_s(p: psutil.Process) -> float:
+    """User + system CPU seconds of one process so far, its reaped children's included (psutil.Error if gone)."""
+    t = p.cpu_times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def tree_cpu_s(pids: Iterable[int]) -> float:
-    """User + system CPU seconds of these processes so far (their reaped children's included)."""
+    """process_cpu_s of these processes, summed (those gone count nothing)."""
     total = 0.0
     for pid in pids:
         with contextlib.suppress(psutil.Error):
-            t = psutil.Process(pid).cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
+            total += process_cpu_s(psutil.Process(pid))
     return total
 
 

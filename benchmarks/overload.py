@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx
 import psutil
 
-from benchmarks import run
+from benchmarks import cost, run
 from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.load import Workload, open_run, wrk_step
 from benchmarks.procs import process_label, rss_mib
@@ -64,8 +65,7 @@ class ProcessCPU:
         for pid in self.server.family:
             with contextlib.suppress(psutil.Error):
                 p = psutil.Process(pid)
-                t = p.cpu_times()
-                out[process_label(p.cmdline()) or "other"] += t.user + t.system + t.children_user + t.children_system
+                out[process_label(p.cmdline()) or "other"] += cost.process_cpu_s(p)
         return dict(out)
 
     def __call__(self) -> float:
@@ -129,7 +129,7 @@ def storm_step(wl: Workload, connections: int, plan: dict[str, Any], cpu: Proces
     prober.start()
     step = wrk_step(wl, connections, plan["duration_s"], plan["warmup_s"], cpu)
     prober.join()
-    refused = sum(n for k, n in step["errors"].items() if k == "503") / step["window_s"]
+    refused = step["errors"].get("503", 0) / step["window_s"]
     step |= {"workload": "storm", "goodput_rps": step["throughput_rps"], "refused_per_s": round(refused, 1)}
     step |= {"cpu_by_process_s": cpu.split(), "rss_mib": cpu.rss_mib(), "probe": probe_summary(found)}
     return step
@@ -147,16 +147,16 @@ def cost_per_refusal(steps: list[dict[str, Any]]) -> None:
 
 
 def recovery_s(wl: Workload, timeout_s: float = 60.0) -> float | None:
-    """Seconds from now until one request gets a 200 (None: not within timeout_s)."""
+    """Seconds from now until one request gets a 200 (None: not within timeout_s). Not ServerProcess.wait_ready:
+    its 5 s client timeout would round a backlog's drain up to the next 5 s."""
     body, headers = wl.payloads()[0]
     t0 = time.perf_counter()
-    with contextlib.suppress(Exception):
-        import httpx
-
-        with httpx.Client(timeout=timeout_s) as client:
-            while time.perf_counter() - t0 < timeout_s:
+    with httpx.Client(timeout=timeout_s) as client:
+        while time.perf_counter() - t0 < timeout_s:
+            with contextlib.suppress(httpx.HTTPError):
                 if client.post(wl.target, content=body, headers={**headers, **wl.headers()}).status_code == 200:
                     return round(time.perf_counter() - t0, 3)
+            time.sleep(0.1)  # the poll's period, after a refusal or a failed connection
     return None
 
 

@@ -13,17 +13,7 @@ from app.errors import ServiceError
 from app.models import ModelFiles
 from app.pipeline.admission import Admission, CompletionRate, Limits
 from tests.conftest import deployment, local_config
-from tests.test_pipeline_unit import run, until
-
-
-@pytest.fixture(autouse=True)
-def no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ray
-
-    def refuse(*_a: Any, **_k: Any) -> None:
-        raise RuntimeError("unit tests of admission must not start Ray")
-
-    monkeypatch.setattr(ray, "init", refuse)
+from tests.test_pipeline_unit import no_ray, run, until  # noqa: F401 (no_ray: an autouse fixture)
 
 
 class Clock:
@@ -32,6 +22,16 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def finished(n: int, over_s: float) -> CompletionRate:
+    """A rate that has seen `n` requests finish, `over_s` seconds ago (a window of `over_s`)."""
+    clock = Clock()
+    rate = CompletionRate(window_s=over_s, min_samples=1, clock=clock)
+    for _ in range(n):
+        rate.record()
+    clock.now += over_s
+    return rate
 
 
 class Holder:
@@ -56,6 +56,11 @@ class Holder:
         self.tasks.append(task)
         return task
 
+    async def release_all(self) -> None:
+        for gate in self.gates:
+            gate.set()
+        await asyncio.gather(*self.tasks)
+
 
 async def refused(adm: Admission, limits: Limits, size: int = 0, user: str | None = None) -> ServiceError:
     with pytest.raises(ServiceError) as e:
@@ -76,9 +81,7 @@ def test_beyond_the_limit_requests_wait_in_order_and_take_the_slots_that_free() 
         h.gates[1].set()
         await until(lambda: h.order == [0, 1, 2])
         assert adm.in_flight == 2 and adm.queued == 2  # the slot changed hands
-        for g in h.gates:
-            g.set()
-        await asyncio.gather(*h.tasks)
+        await h.release_all()
         assert h.order == [0, 1, 2, 3, 4] and adm.in_flight == 0 and adm.queued == 0 and adm.refused == 0
 
     run(go())
@@ -92,20 +95,14 @@ def test_with_no_queue_beyond_the_limit_is_refused_at_once() -> None:
         await until(lambda: adm.in_flight == 1)
         await refused(adm, Limits(in_flight=1))
         assert adm.refused == 1 and adm.queued == 0
-        h.gates[0].set()
-        await h.tasks[0]
+        await h.release_all()
 
     run(go())
 
 
 def test_a_wait_longer_than_the_budget_at_the_measured_rate_is_refused_at_once() -> None:
     async def go() -> None:
-        clock = Clock()
-        rate = CompletionRate(window_s=2.0, min_samples=4, clock=clock)
-        for _ in range(8):  # 8 requests finished in the last 2 s: 4/s
-            rate.record()
-        clock.now += 2.0
-        adm = Admission(rate=rate)
+        adm = Admission(rate=finished(8, over_s=2.0))  # 8 requests finished in the last 2 s: 4/s
         assert adm.rate.per_s() == pytest.approx(4.0)
         limits = Limits(in_flight=1, queue_wait_s=1.0, queued=100, queued_bytes=1 << 20)
         h = Holder(adm, limits)
@@ -114,9 +111,7 @@ def test_a_wait_longer_than_the_budget_at_the_measured_rate_is_refused_at_once()
         await until(lambda: adm.queued == 4)
         err = await refused(adm, limits)  # the 5th place would wait 1.25 s
         assert "4/s" in err.message and adm.queued == 4
-        for g in h.gates:
-            g.set()
-        await asyncio.gather(*h.tasks)
+        await h.release_all()
 
     run(go())
 
@@ -133,9 +128,7 @@ def test_the_queue_is_bounded_in_count_and_in_body_bytes() -> None:
         h.start(size=400)
         await until(lambda: adm.queued == 2)
         await refused(adm, limits, size=0)  # two waiting already
-        for g in h.gates:
-            g.set()
-        await asyncio.gather(*h.tasks)
+        await h.release_all()
         assert adm.refused == 2 and adm.in_flight == 0
 
     run(go())
@@ -150,8 +143,7 @@ def test_a_waiter_whose_slot_never_comes_is_refused_when_its_wait_runs_out() -> 
         await until(lambda: adm.in_flight == 1)
         err = await refused(adm, limits)
         assert "within 0.05 s" in err.message and adm.queued == 0 and adm.in_flight == 1
-        h.gates[0].set()
-        await h.tasks[0]
+        await h.release_all()
         assert adm.in_flight == 0
 
     run(go())
@@ -206,12 +198,7 @@ def test_the_queue_wait_must_leave_time_for_the_work_and_serve_must_have_room_fo
 
 def test_refusals_beyond_the_pace_wait_their_turn_and_those_within_it_go_at_once() -> None:
     async def go() -> None:
-        clock = Clock()
-        rate = CompletionRate(window_s=10, min_samples=1, clock=clock)
-        for _ in range(10):
-            rate.record()
-        clock.now += 10  # 1 request a second finishes: the next in the queue would wait 1 s, over queue_wait_s
-        adm = Admission(rate=rate)
+        adm = Admission(rate=finished(10, over_s=10))  # 1/s: the next in the queue would wait 1 s, over queue_wait_s
         limits = Limits(1, queue_wait_s=0.5, queued=10, queued_bytes=1 << 20, refusals_per_s=20, pace_wait_s=5)
         h = Holder(adm, limits)
         h.start()
@@ -228,8 +215,7 @@ def test_refusals_beyond_the_pace_wait_their_turn_and_those_within_it_go_at_once
         # the rest one every 1/20 s, in turn: a client resending at once is slowed to the pace
         assert all(b - a > 0.03 for a, b in itertools.pairwise(times)), times
         assert adm.pacing == 0 and adm.refused == 5
-        h.gates[0].set()
-        await h.tasks[0]
+        await h.release_all()
 
     run(go())
 
@@ -248,8 +234,7 @@ def test_a_refusal_whose_turn_is_beyond_the_wait_budget_goes_at_the_end_of_it() 
         assert 0.08 < loop.time() - t0 < 1.0 and adm.pacing == 0  # sent at pace_wait_s (0.1 s)
         await refused(adm, limits, size=1)  # 1 byte over queued_bytes: no room to hold it, sent at once
         assert loop.time() - t0 < 1.0
-        h.gates[0].set()
-        await h.tasks[0]
+        await h.release_all()
 
     run(go())
 
@@ -268,9 +253,7 @@ def test_one_user_cannot_take_the_whole_queue() -> None:
         h.start(user="other")  # another user still gets a place, and so does one with no X-User-Id
         h.start()
         await until(lambda: adm.queued == 4)
-        for g in h.gates:
-            g.set()
-        await asyncio.gather(*h.tasks)
+        await h.release_all()
         assert h.order == [0, 1, 2, 3, 4] and adm.in_flight == 0 and not adm._by_user
         h.start(user="greedy")  # the count is given back: greedy may wait again
         h.gates[-1].set()

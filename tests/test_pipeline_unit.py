@@ -19,7 +19,7 @@ from app.abstats import ABStats
 from app.config import RouterConfig
 from app.errors import ServiceError
 from app.payloads import Pixels, Scores
-from app.pipeline.admission import Admission
+from app.pipeline.admission import Admission, Limits
 from app.pipeline.coalescer import Coalescer, Waiter
 from app.pipeline.failover import Failover
 from app.pipeline.ports import ReplicaLost
@@ -412,13 +412,13 @@ def test_admission_refuses_past_the_limit_at_once_and_frees_slots_on_exit_and_ca
         held = asyncio.Event()
 
         async def hold() -> None:
-            async with adm.admitted(2):
+            async with adm.admitted(Limits(2)):
                 await held.wait()
 
         tasks = [asyncio.ensure_future(hold()) for _ in range(2)]
         await until(lambda: adm.in_flight == 2)
         with pytest.raises(ServiceError) as e:
-            async with adm.admitted(2):
+            async with adm.admitted(Limits(2)):
                 pass
         assert e.value.code == "overloaded" and e.value.status == 503 and "Retry-After" in e.value.headers()
         tasks[0].cancel()

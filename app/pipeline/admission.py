@@ -99,11 +99,6 @@ class Admission:
         self.cancelled += 1
         self._on_cancel()
 
-    def expected_wait_s(self, place: int) -> float | None:
-        """The wait of the `place`-th request in the queue (1 = next) at the measured rate; None: not measured."""
-        rate = self.rate.per_s()
-        return None if rate is None else place / rate
-
     def _refuse(self, why: str) -> ServiceError:
         self.refused += 1
         return ServiceError("overloaded", f"{why}; retry shortly")
@@ -147,11 +142,12 @@ class Admission:
             raise self._refuse(f"this user has {self._by_user[user]} requests waiting, the most one user may")
         if len(self._queue) >= limits.queued or self._queued_bytes + size > limits.queued_bytes:
             raise self._refuse(f"{self.in_flight} requests in flight and {len(self._queue)} waiting on this Router")
-        expected = self.expected_wait_s(len(self._queue) + 1)
+        rate = self.rate.per_s()  # None until measured: then the count and byte bounds alone decide
+        expected = None if rate is None else (len(self._queue) + 1) / rate  # this request's place / the rate
         if expected is not None and expected > limits.queue_wait_s:
             raise self._refuse(
                 f"{len(self._queue)} requests waiting, about {expected:.1f} s at the rate requests finish "
-                f"({self.rate.per_s() or 0:.0f}/s), over the {limits.queue_wait_s:g} s this Router lets one wait"
+                f"({rate:.0f}/s), over the {limits.queue_wait_s:g} s this Router lets one wait"
             )
 
     async def _wait_for_slot(self, limits: Limits, size: int, user: str | None) -> None:
@@ -194,13 +190,12 @@ class Admission:
         self.in_flight -= 1
 
     @contextlib.asynccontextmanager
-    async def admitted(self, limits: Limits | int, size: int = 0, user: str | None = None) -> AsyncIterator[None]:
+    async def admitted(self, limits: Limits, size: int = 0, user: str | None = None) -> AsyncIterator[None]:
         """Hold a slot for the body of the `async with` (waiting for one if the queue allows), or raise 503.
 
         `size`: the request's body bytes, held while it waits (bounded by `limits.queued_bytes`). `user`: who sent
         it (X-User-Id), so that one user cannot take the whole queue (`limits.queued_per_user`); None: unknown.
         """
-        limits = limits if isinstance(limits, Limits) else Limits(limits)
         if self.in_flight < limits.in_flight and not self._queue:
             self.in_flight += 1
         else:

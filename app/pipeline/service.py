@@ -81,22 +81,14 @@ class Pipeline:
         self.failover = Failover(backend, variants)
         self.coalescer: Coalescer[tuple[str, bool, bool]] = Coalescer(self._run_group, self._group_limits)
         self.settings: RouterConfig | None = None
+        self._limits: Limits | None = None
         self.split: WeightedSplit | None = None
         self._specs: dict[str, dict[str, Any]] = {}
 
     def configure(self, settings: RouterConfig, split: WeightedSplit) -> None:
         self.settings, self.split = settings, split
-
-    def _group_limits(self) -> tuple[int, int]:
-        assert self.settings is not None
-        return self.settings.max_groups_in_flight, self.settings.coalesce_max
-
-    def admitted(self, size: int = 0, user: str | None = None) -> Any:
-        """`async with pipeline.admitted(len(body), user):` one in-flight slot, after a bounded wait for it, or 503."""
-        s = self.settings
-        assert s is not None
-        self.evidence.ensure_flusher()
-        limits = Limits(
+        s = settings
+        self._limits = Limits(
             s.max_in_flight,
             s.queue_wait_s,
             s.max_queued,
@@ -105,7 +97,16 @@ class Pipeline:
             s.inference_timeout_s,
             s.queued_per_user,
         )
-        return self.admission.admitted(limits, size, user)
+
+    def _group_limits(self) -> tuple[int, int]:
+        assert self.settings is not None
+        return self.settings.max_groups_in_flight, self.settings.coalesce_max
+
+    def admitted(self, size: int = 0, user: str | None = None) -> Any:
+        """`async with pipeline.admitted(len(body), user):` one in-flight slot, after a bounded wait for it, or 503."""
+        assert self._limits is not None, "configure() first"
+        self.evidence.ensure_flusher()
+        return self.admission.admitted(self._limits, size, user)
 
     # -- classification --------------------------------------------------------------
 
