@@ -11,7 +11,7 @@ import pytest
 from app.config import RouterConfig, validate_serve_config
 from app.errors import ServiceError
 from app.models import ModelFiles
-from app.pipeline.admission import Admission, CompletionRate, Limits
+from app.pipeline.admission import QUEUE_FILL, Admission, CompletionRate, Limits
 from tests.conftest import deployment, local_config
 from tests.test_pipeline_unit import no_ray, run, until  # noqa: F401 (no_ray: an autouse fixture)
 
@@ -104,9 +104,9 @@ def test_a_wait_longer_than_the_budget_at_the_measured_rate_is_refused_at_once()
     async def go() -> None:
         adm = Admission(rate=finished(8, over_s=2.0))  # 8 requests finished in the last 2 s: 4/s
         assert adm.rate.per_s() == pytest.approx(4.0)
-        limits = Limits(in_flight=1, queue_wait_s=1.0, queued=100, queued_bytes=1 << 20)
+        limits = Limits(in_flight=1, queue_wait_s=1.0 / QUEUE_FILL, queued=100, queued_bytes=1 << 20)
         h = Holder(adm, limits)
-        for _ in range(5):  # 1 in flight; places 1..4 expect 0.25 .. 1.0 s
+        for _ in range(5):  # 1 in flight; places 1..4 expect 0.25 .. 1.0 s, within QUEUE_FILL of the budget
             h.start()
         await until(lambda: adm.queued == 4)
         err = await refused(adm, limits)  # the 5th place would wait 1.25 s
