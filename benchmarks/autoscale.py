@@ -48,10 +48,15 @@ NODES = ({"num_cpus": 4, "resources": {"cpu_pool": 100}}, {"num_cpus": 4, "num_g
 
 
 def prod_on_one_machine(
-    model_files: ModelFiles, fixed: dict[str, int] | None = None, downscale_delay_s: float | None = None
+    model_files: ModelFiles,
+    fixed: dict[str, int] | None = None,
+    downscale_delay_s: float | None = None,
+    look_back_s: float | None = None,
 ) -> dict[str, Any]:
     """configs/prod.yaml shrunk to fit one machine, placement settings untouched. `fixed`: replicas per deployment
-    (min = max; 1 where not named); else prod's policies with FITTED bounds and `downscale_delay_s`."""
+    (min = max; 1 where not named). Else prod's policies with FITTED bounds, `downscale_delay_s` and (when given)
+    `look_back_s`. Targets follow prod's rules as the bounds they depend on shrink here: a Classifier's is its
+    max_concurrent_batches, the Router's keeps its ratio to max_in_flight."""
     cfg = yaml.safe_load((REPO / "configs" / "prod.yaml").read_text())
     app = cfg["applications"][0]
     args = app["args"]
@@ -62,12 +67,7 @@ def prod_on_one_machine(
     args["require_gpu"] = False
     args.pop("speed_gate")  # measuring FP32 beside INT8 at start costs these 2 cores a CPU-minute
     for d in app["deployments"]:
-        auto = d["autoscaling_config"]
-        if fixed is not None:
-            auto["min_replicas"] = auto["max_replicas"] = fixed.get(d["name"], 1)
-        else:
-            auto["min_replicas"], auto["max_replicas"] = FITTED[d["name"]]
-            auto["downscale_delay_s"] = downscale_delay_s
+        bound = None
         if d["name"].startswith("Classifier_"):
             d["user_config"]["max_batch_size"] = 4  # warm-up of 1..64 on one CPU thread takes a minute
             d["user_config"]["max_concurrent_batches"] = 1
@@ -77,8 +77,22 @@ def prod_on_one_machine(
             d["max_queued_requests"] = 16
         if d["name"] == "Preprocessor":
             d["max_queued_requests"] = 32
-    router = next(d for d in app["deployments"] if d["name"] == "Router")
-    router["user_config"]["max_in_flight"] = 48
+        if d["name"] == "Router":
+            bound = d["user_config"]["max_in_flight"]
+            d["user_config"]["max_in_flight"] = 48
+        auto = d["autoscaling_config"]
+        if fixed is not None:
+            auto["min_replicas"] = auto["max_replicas"] = fixed.get(d["name"], 1)
+            continue
+        auto["min_replicas"], auto["max_replicas"] = FITTED[d["name"]]
+        auto["downscale_delay_s"] = downscale_delay_s
+        if look_back_s is not None:
+            auto["look_back_period_s"] = look_back_s
+        if d["name"].startswith("Classifier_"):  # prod's rule: one group per batch slot (configs/prod.yaml)
+            auto["target_ongoing_requests"] = d["user_config"]["max_concurrent_batches"]
+        elif bound is not None:
+            now = d["user_config"]["max_in_flight"]
+            auto["target_ongoing_requests"] = max(1, round(auto["target_ongoing_requests"] * now / bound))
     return cfg
 
 
@@ -200,6 +214,9 @@ def plot(result: dict[str, Any], png: Path, title: str) -> None:
             ax.axvline(start, color="k", alpha=0.2)
         rate.text(start + 1, rate.get_ylim()[1] * 0.9, name, fontsize=7)
         start += length
+    for ax in (rate, latency, replicas):
+        ax.axvline(start, color="k", alpha=0.2)
+    rate.text(start + 1, rate.get_ylim()[1] * 0.9, "idle", fontsize=7)
     for ax, label in ((rate, "requests/s"), (latency, "seconds"), (replicas, "RUNNING replicas")):
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
@@ -244,7 +261,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     missing = [str(p) for p in (files.fp32, files.int8, files.labels) if not p.is_file()]
     if missing:
         raise SystemExit(f"models missing ({', '.join(missing)}): run `make models` first")
-    cfg = prod_on_one_machine(files, downscale_delay_s=args.downscale_delay)
+    cfg = prod_on_one_machine(files, downscale_delay_s=args.downscale_delay, look_back_s=args.look_back)
     base = f"http://127.0.0.1:{args.port}"
     wl = Workload(url=base + "/v1/classify")
     cluster = start_cluster(args.port, cfg)
@@ -286,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--steady", type=float, default=40.0, help="seconds at a quarter of capacity, before and after the step")
     add("--step", type=float, default=60.0, help="seconds at capacity (4x the steady rate)")
     add("--downscale-delay", type=float, default=30.0, help="downscale_delay_s for every deployment (prod: 120-600)")
+    add("--look-back", type=float, default=None, help="look_back_period_s for every deployment (default: prod's)")
     add("--port", type=int, default=8300)
     add("--out-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
