@@ -9,8 +9,9 @@ deployments keep prod.yaml's `target_ongoing_requests` and `upscale_delay_s`; `m
 nodes hold, and `downscale_delay_s` to --downscale-delay (prod's 120-600 s would make a run long; the mechanics
 are the same). A closed loop first measures capacity C; then Poisson arrivals at C/4 (--steady s), C (the 4x step,
 --step s), C/4 again, then none until every deployment is back at its min_replicas. Each second: replicas per
-deployment (RUNNING and STARTING, from the Serve controller's status), the Router's in-flight and waiting requests
-(its /v1/models), and the client's sent / 200 / 503 and p50/p99 by arrival second.
+deployment (RUNNING and STARTING, from the Serve controller's status), what Serve's autoscaler exports (the ongoing
+requests it counts per deployment and the replicas it wants, scraped from Ray's metrics port), the Router's in-flight
+and waiting requests (its /v1/models), and the client's sent / 200 / 503 and p50/p99 by arrival second.
 
 On a machine of few cores, more replicas add no cores: this shows when and how the policies react, not the
 capacity a real cluster would gain. Writes benchmarks/results/<stamp>-<host>-autoscale.{json,md,png}.
@@ -101,11 +102,33 @@ def get_json(url: str, timeout_s: float = 5.0) -> Any:
         return json.loads(r.read())
 
 
-class Sampler:
-    """Once a second, in a thread: replicas per deployment from the controller, the Router's admission state."""
+# Serve's autoscaler, as it exports itself: the ongoing requests it counts for a deployment (handles' queues and
+# replicas together) and the replicas it decides on. Exported by the head node, where the controller runs.
+AUTOSCALER_METRICS = {
+    "ray_serve_autoscaling_total_requests": "ongoing",
+    "ray_serve_autoscaling_desired_replicas": "desired",
+}
 
-    def __init__(self, base_url: str) -> None:
+
+def autoscaler_view(metrics_text: str) -> dict[str, dict[str, float]]:
+    """{deployment: {"ongoing": n, "desired": n}} from a Prometheus scrape of Ray's metrics export."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name in AUTOSCALER_METRICS and sample.labels.get("application", APP) == APP:
+                out.setdefault(sample.labels["deployment"], {})[AUTOSCALER_METRICS[sample.name]] = sample.value
+    return out
+
+
+class Sampler:
+    """Once a second, in a thread: replicas per deployment from the controller, the autoscaler's own metrics, the
+    Router's admission state."""
+
+    def __init__(self, base_url: str, metrics_url: str | None = None) -> None:
         self.base_url, self.rows, self._stop = base_url, list[dict[str, Any]](), threading.Event()
+        self.metrics_url = metrics_url
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.t0 = time.perf_counter()
 
@@ -119,6 +142,9 @@ class Sampler:
                 for name in DEPLOYMENTS:
                     states = {str(k).rsplit(".", 1)[-1]: v for k, v in deployments[name].replica_states.items()}
                     row[name] = {"running": states.get("RUNNING", 0), "starting": states.get("STARTING", 0)}
+                if self.metrics_url:
+                    with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
+                        row["autoscaler"] = autoscaler_view(r.read().decode())
                 admission = get_json(self.base_url + "/v1/models").get("admission", {})
                 row["router"] = {k: admission.get(k) for k in ("in_flight", "waiting", "finishing_per_s")}
             except Exception as e:  # a sample lost is written down, never fatal to the run
@@ -195,7 +221,7 @@ def reactions(
 
 
 def plot(result: dict[str, Any], png: Path, title: str) -> None:
-    fig, (rate, latency, replicas) = pyplot().subplots(3, 1, figsize=(10, 8), sharex=True)
+    fig, (rate, latency, replicas, seen) = pyplot().subplots(4, 1, figsize=(10, 10), sharex=True)
     t0 = result["load_t0_s"]
     client = result["client"]
     xs = [t0 + r["t"] for r in client]
@@ -207,21 +233,29 @@ def plot(result: dict[str, Any], png: Path, title: str) -> None:
     latency.plot(xs, [(r["p99_ms"] or nan) / 1000 for r in client], label="p99 of 200s")
     samples = [r for r in result["timeline"] if "Router" in r]
     for name in DEPLOYMENTS:
-        replicas.step([r["t"] for r in samples], [r[name]["running"] for r in samples], where="post", label=name)
+        line = replicas.step([r["t"] for r in samples], [r[name]["running"] for r in samples], where="post", label=name)
+        views = [(r["t"], r.get("autoscaler", {}).get(name, {})) for r in samples]
+        desired = [(t, v["desired"]) for t, v in views if "desired" in v]
+        color = line[0].get_color()
+        replicas.step([t for t, _ in desired], [n for _, n in desired], where="post", linestyle=":", color=color)
+        ongoing = [(t, v["ongoing"]) for t, v in views if "ongoing" in v]
+        seen.plot([t for t, _ in ongoing], [n for _, n in ongoing], label=name, color=color)
     start = t0
+    panels = (rate, latency, replicas, seen)
     for name, _, length in result["segments"]:
-        for ax in (rate, latency, replicas):
+        for ax in panels:
             ax.axvline(start, color="k", alpha=0.2)
         rate.text(start + 1, rate.get_ylim()[1] * 0.9, name, fontsize=7)
         start += length
-    for ax in (rate, latency, replicas):
+    for ax in panels:
         ax.axvline(start, color="k", alpha=0.2)
     rate.text(start + 1, rate.get_ylim()[1] * 0.9, "idle", fontsize=7)
-    for ax, label in ((rate, "requests/s"), (latency, "seconds"), (replicas, "RUNNING replicas")):
+    labels = ("requests/s", "seconds", "replicas (dotted: desired)", "ongoing (autoscaler)")
+    for ax, label in zip(panels, labels, strict=True):
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")
-    replicas.set_xlabel("seconds since the cluster was ready")
+    seen.set_xlabel("seconds since the cluster was ready")
     fig.suptitle(title, fontsize=9)
     save_figure(fig, png)
 
@@ -233,7 +267,9 @@ def start_cluster(port: int, cfg: dict[str, Any]) -> Any:
     from ray.serve.schema import ServeDeploySchema
 
     os.environ.update(private_serve_env(port))  # every node's processes inherit it
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    # Ray's metrics reach its export every second (default 10 s), so the autoscaler's view is sampled finely.
+    head = {"num_cpus": 0, "_system_config": {"metrics_report_interval_ms": 1000}}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     for node in NODES:
         cluster.add_node(**node)
     ray.init(address=cluster.address, namespace="serve", log_to_driver=False)
@@ -267,7 +303,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cluster = start_cluster(args.port, cfg)
     try:
         wait_ready(base, 300)
-        with Sampler(base) as sampler:
+        metrics_url = f"http://127.0.0.1:{cluster.head_node.metrics_export_port}/metrics"
+        with Sampler(base, metrics_url) as sampler:
             capacity = asyncio.run(closed_step(wl, 16, 8.0, warmup_s=2.0))["throughput_rps"]
             base_rate = capacity / 4
             segments = [("steady", base_rate, args.steady), ("step", capacity, args.step)]

@@ -8,7 +8,16 @@ import pytest
 
 from app.config import validate_serve_config
 from app.models import ModelFiles
-from benchmarks.autoscale import DEPLOYMENTS, FITTED, NODES, per_second, prod_on_one_machine, reactions, schedule
+from benchmarks.autoscale import (
+    DEPLOYMENTS,
+    FITTED,
+    NODES,
+    autoscaler_view,
+    per_second,
+    prod_on_one_machine,
+    reactions,
+    schedule,
+)
 from benchmarks.load import Sample
 from tests.conftest import load_config
 
@@ -84,3 +93,22 @@ def test_a_deployment_still_above_its_minimum_at_the_end_has_no_time_back() -> N
     segments = [("steady", 5.0, 10.0), ("step", 20.0, 10.0), ("back", 5.0, 10.0)]
     timeline = [row(1), row(15, Router=2), row(40, Router=2)]
     assert reactions(timeline, segments, load_t0=0.0)["Router"]["back_to_min_s"] is None
+
+
+SCRAPE = """\
+# HELP ray_serve_autoscaling_total_requests Total requests the autoscaler counts.
+# TYPE ray_serve_autoscaling_total_requests gauge
+ray_serve_autoscaling_total_requests{application="classifier",deployment="Router",SessionName="s"} 37.5
+ray_serve_autoscaling_total_requests{application="other",deployment="Router",SessionName="s"} 99.0
+# HELP ray_serve_autoscaling_desired_replicas Replicas the autoscaler wants.
+# TYPE ray_serve_autoscaling_desired_replicas gauge
+ray_serve_autoscaling_desired_replicas{application="classifier",deployment="Router",SessionName="s"} 2.0
+ray_serve_autoscaling_desired_replicas{application="classifier",deployment="Preprocessor",SessionName="s"} 1.0
+# HELP ray_serve_deployment_queued_queries Something else.
+# TYPE ray_serve_deployment_queued_queries gauge
+ray_serve_deployment_queued_queries{application="classifier",deployment="Router"} 5.0
+"""
+
+
+def test_the_autoscalers_view_is_read_from_a_scrape_for_this_application_only() -> None:
+    assert autoscaler_view(SCRAPE) == {"Router": {"ongoing": 37.5, "desired": 2.0}, "Preprocessor": {"desired": 1.0}}
