@@ -68,7 +68,6 @@ def prod_on_one_machine(
     args["require_gpu"] = False
     args.pop("speed_gate")  # measuring FP32 beside INT8 at start costs these 2 cores a CPU-minute
     for d in app["deployments"]:
-        bound = None
         if d["name"].startswith("Classifier_"):
             d["user_config"]["max_batch_size"] = 4  # warm-up of 1..64 on one CPU thread takes a minute
             d["user_config"]["max_concurrent_batches"] = 1
@@ -79,7 +78,7 @@ def prod_on_one_machine(
         if d["name"] == "Preprocessor":
             d["max_queued_requests"] = 32
         if d["name"] == "Router":
-            bound = d["user_config"]["max_in_flight"]
+            router_share = d["autoscaling_config"]["target_ongoing_requests"] / d["user_config"]["max_in_flight"]
             d["user_config"]["max_in_flight"] = 48
         auto = d["autoscaling_config"]
         if fixed is not None:
@@ -91,10 +90,15 @@ def prod_on_one_machine(
             auto["look_back_period_s"] = look_back_s
         if d["name"].startswith("Classifier_"):  # prod's rule: one group per batch slot (configs/prod.yaml)
             auto["target_ongoing_requests"] = d["user_config"]["max_concurrent_batches"]
-        elif bound is not None:
-            now = d["user_config"]["max_in_flight"]
-            auto["target_ongoing_requests"] = max(1, round(auto["target_ongoing_requests"] * now / bound))
+        elif d["name"] == "Router":  # prod's share of max_in_flight
+            auto["target_ongoing_requests"] = max(1, round(router_share * d["user_config"]["max_in_flight"]))
     return cfg
+
+
+def replica_counts(deployment: Any) -> dict[str, int]:
+    """RUNNING and STARTING replicas of one deployment in `serve.status()` (a DeploymentStatusOverview)."""
+    states = {str(k).rsplit(".", 1)[-1]: v for k, v in deployment.replica_states.items()}
+    return {"running": states.get("RUNNING", 0), "starting": states.get("STARTING", 0)}
 
 
 def get_json(url: str, timeout_s: float = 5.0) -> Any:
@@ -140,8 +144,7 @@ class Sampler:
             try:
                 deployments = serve.status().applications[APP].deployments
                 for name in DEPLOYMENTS:
-                    states = {str(k).rsplit(".", 1)[-1]: v for k, v in deployments[name].replica_states.items()}
-                    row[name] = {"running": states.get("RUNNING", 0), "starting": states.get("STARTING", 0)}
+                    row[name] = replica_counts(deployments[name])
                 if self.metrics_url:
                     with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
                         row["autoscaler"] = autoscaler_view(r.read().decode())

@@ -21,29 +21,27 @@ class Redis:
     password: str
     pid: int
 
-    def ping(self) -> bool:
-        """AUTH + PING over the wire protocol: True once the server answers both."""
+    def ask(self, *commands: str) -> list[bytes]:
+        """AUTH, then `commands`, over the wire protocol: the first line of each reply, AUTH's first (one-line
+        replies only: status, error and integer)."""
         host, port = self.address.split(":")
+        wanted = len(commands) + 1
         with socket.create_connection((host, int(port)), timeout=2) as s:
-            s.sendall(f"AUTH {self.password}\r\nPING\r\n".encode())
+            s.sendall("".join(f"{c}\r\n" for c in (f"AUTH {self.password}", *commands)).encode())
             got = b""
-            while b"PONG" not in got and len(got) < 256:
+            while got.count(b"\r\n") < wanted:
                 if not (chunk := s.recv(256)):
                     break
                 got += chunk
-        return got.startswith(b"+OK") and b"+PONG" in got
+        return got.split(b"\r\n")[:wanted]
+
+    def ping(self) -> bool:
+        """True once the server accepts the password and answers PING."""
+        return self.ask("PING") == [b"+OK", b"+PONG"]
 
     def keys(self) -> int:
         """How many keys the server holds (DBSIZE)."""
-        host, port = self.address.split(":")
-        with socket.create_connection((host, int(port)), timeout=2) as s:
-            s.sendall(f"AUTH {self.password}\r\nDBSIZE\r\n".encode())
-            got = b""
-            while got.count(b"\r\n") < 2:
-                if not (chunk := s.recv(256)):
-                    break
-                got += chunk
-        return int(got.split(b"\r\n")[1].lstrip(b":"))
+        return int(self.ask("DBSIZE")[1].lstrip(b":"))
 
 
 def _free_port() -> int:

@@ -31,7 +31,7 @@ from ray.cluster_utils import Cluster
 
 from app.models import ModelFiles
 from app.models.samples import sample_bytes
-from benchmarks.autoscale import prod_on_one_machine
+from benchmarks.autoscale import prod_on_one_machine, replica_counts
 from benchmarks.stats import percentile
 from tests.conftest import driver_handle, use_serve_env, wait_until
 from tests.redis_server import Redis, redis_server
@@ -63,11 +63,10 @@ def _serving(c: Cluster, model_files: ModelFiles, redis: Redis) -> Iterator[dict
     gpu = c.add_node(num_cpus=2, num_gpus=1)
     ray.init(address=c.address, namespace="serve", log_to_driver=False)
     from ray.serve._private import api as serve_api
-    from ray.serve.schema import ServeDeploySchema
 
     client = serve_api.serve_start(http_options={"host": "127.0.0.1", "port": PORT}, proxy_location="HeadOnly")
     cfg = prod_on_one_machine(model_files, fixed={"Preprocessor": 2})
-    client.deploy_apps(ServeDeploySchema.model_validate({"applications": cfg["applications"]}))
+    deploy(cfg, client)
     wait_until(lambda: httpx.get(URL + "/readyz", timeout=5).status_code == 200, 240, 0.5, "prod app ready")
     yield {"cluster": c, "cpu": cpu, "gpu": gpu, "client": client, "cfg": cfg, "redis": redis}
     serve.shutdown()
@@ -313,8 +312,7 @@ def app_running() -> bool:
 
 
 def running_replicas(deployment: str) -> int:
-    app = serve.status().applications["classifier"]
-    return int(app.deployments[deployment].replica_states.get("RUNNING", 0))
+    return replica_counts(serve.status().applications["classifier"].deployments[deployment])["running"]
 
 
 def deploy(cfg: dict[str, Any], client: Any) -> None:
