@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
+import functools
 import json
 import random
 import threading
@@ -253,9 +254,26 @@ def test_losing_the_gpu_node_gives_fast_503s_and_a_new_gpu_node_recovers(cluster
     latencies = sorted(o.latency for o in out)
     assert latencies[len(latencies) // 2] < 0.5 and latencies[int(len(latencies) * 0.99)] < 2.0, latencies[-5:]
     # A new GPU node joins: Serve places the pending replicas there, no redeploy.
-    cluster["gpu"] = c.add_node(num_cpus=2, num_gpus=1)
-    wait_until(lambda: asyncio.run(_probe()).status == 200, 180, 1.0, "recovery on the new GPU node")
+    # Ray's local test cluster once lost a freshly added raylet to a silent kill 2 s after it registered (a CI run;
+    # its dashboard agent logged "Raylet is terminated. Termination is unexpected", raylet.err stayed empty, no OOM).
+    # That is the harness's node, not the app: such a node is replaced once, and the app must recover on the next.
+    for attempt in (1, 2):
+        cluster["gpu"] = node = c.add_node(num_cpus=2, num_gpus=1)
+        wait_until(functools.partial(_served_or_dead, node.node_id), 180, 1.0, "recovery on the new GPU node")
+        if node_alive(node.node_id):
+            break
+        print(f"the new GPU node's raylet died on attempt {attempt}; adding another")
+        c.remove_node(node, allow_graceful=False)
+    assert asyncio.run(_probe()).status == 200
     assert node_ids_of("Classifier_fp32", 6) == {cluster["gpu"].node_id}
+
+
+def _served_or_dead(node_id: str) -> bool:
+    return not node_alive(node_id) or asyncio.run(_probe()).status == 200
+
+
+def node_alive(node_id: str) -> bool:
+    return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())
 
 
 async def _probe() -> Outcome:
