@@ -2,9 +2,10 @@
 PY := .venv/bin/python
 STAMP := .venv/.installed
 TRITON_STAMP := .venv-triton/.installed
+PERF_ANALYZER := .perf_analyzer/bin/perf_analyzer
 MODELS := models/efficientnet_lite0-fp32.onnx models/efficientnet_lite0-int8.onnx models/efficientnet_lite0-int8-trt.onnx
 
-.PHONY: install models serve status test lint bench overload autoscale soak k8s clean
+.PHONY: install models serve status test lint bench overload autoscale soak k8s clean perf-analyzer
 
 $(STAMP): pyproject.toml
 	python3 -m venv .venv
@@ -28,7 +29,12 @@ serve: $(MODELS)    ## the app on this machine, CPU only, with Serve's environme
 status: $(STAMP)    ## serve status of the running app (Ray 2.60 clusters use token auth)
 	RAY_AUTH_MODE=token .venv/bin/serve status
 
-test: $(STAMP)      ## the whole suite, slow and multi-node tests included, as CI runs it
+# Triton's perf_analyzer (from the tritonclient 2.41 wheel, benchmarks/perf_analyzer.py says why), for the tests
+# that run it unmodified against the service.
+$(PERF_ANALYZER): | $(STAMP)
+	$(PY) -m benchmarks.perf_analyzer --setup
+
+test: $(STAMP) $(PERF_ANALYZER)      ## the whole suite, slow and multi-node tests included, as CI runs it
 	$(PY) -m pytest -q
 	@# Each module with its own Ray cluster in a process of its own, as Ray runs its fault tests (--forked): a
 	@# driver that outlived a killed GCS, and threads left by one module, are not inherited by the next (CI once
@@ -59,6 +65,9 @@ overload: $(MODELS) $(TRITON_STAMP)   ## a retry storm (32..1024 connections) an
 autoscale: $(MODELS)   ## prod.yaml's autoscaling policies on a local multi-node cluster under a 4x load step
 	$(PY) -m benchmarks.autoscale
 
+perf-analyzer: $(PERF_ANALYZER)   ## Triton's perf_analyzer against `make serve` (HTTP 8000, gRPC 9000): every model, both protocols
+	$(PY) -m benchmarks.perf_analyzer
+
 soak: $(MODELS)     ## 10 minutes at ~70% of capacity: memory per replica, errors, dashboard panels (needs `prometheus`)
 	$(PY) -m benchmarks.soak --start --minutes 10 --shadow-fraction 0.05
 
@@ -66,4 +75,4 @@ k8s: $(STAMP)       ## re-render k8s/rayservice.yaml from configs/prod.yaml
 	$(PY) -m app.k8s render
 
 clean:
-	rm -rf models .pytest_cache .mypy_cache .ruff_cache .venv-triton
+	rm -rf models .pytest_cache .mypy_cache .ruff_cache .venv-triton .perf_analyzer

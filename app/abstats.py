@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.inferstats import ModelStatsTable
+
 # Latency histogram: log-spaced bins from 0.1 ms to ~100 s, 8 per octave (each ~9% wide),
 # so p50/p99 come from merged counts with under 5% error and constant memory.
 _BINS_PER_OCTAVE = 8
@@ -100,6 +102,8 @@ def compare_top(primary: list[tuple[int, float]], shadow: list[tuple[int, float]
 class ABStats:
     variants: dict[str, VariantStats] = field(default_factory=dict)
     pairs: dict[str, PairStats] = field(default_factory=dict)  # key "a|b", names sorted
+    # Triton's per-model statistics ride along to the ledger (app/inferstats.py); not part of `summary`.
+    models: ModelStatsTable = field(default_factory=ModelStatsTable)
 
     def record_request(self, variant: str, latency_ms: float, ok: bool) -> None:
         v = self.variants.setdefault(variant, VariantStats())
@@ -123,9 +127,10 @@ class ABStats:
             self.variants.setdefault(k, VariantStats()).merge(v)
         for k, p in other.pairs.items():
             self.pairs.setdefault(k, PairStats()).merge(p)
+        self.models.merge(other.models)
 
     def empty(self) -> bool:
-        return not self.variants and not self.pairs
+        return not self.variants and not self.pairs and self.models.empty()
 
     def summary(self) -> dict[str, Any]:
         variants = {

@@ -24,9 +24,11 @@ from starlette.responses import Response
 from app.abstats import ABStats
 from app.config import AppArgs, RouterConfig
 from app.handles import ServeBackend
+from app.http.grpc import GRPC
 from app.http.ingress import Ingress
 from app.http.v1 import V1
 from app.http.v2 import V2
+from app.inferstats import ModelStatsTable
 from app.serve_internals import replica_id
 
 
@@ -46,8 +48,11 @@ class ABLedger:
 
     def reset(self) -> dict[str, Any]:
         before = self.summary()
-        self.stats, self.since = ABStats(), time.time()
+        self.stats, self.since = ABStats(models=self.stats.models), time.time()  # Triton's counters only grow
         return before
+
+    def model_stats(self) -> ModelStatsTable:
+        return self.stats.models
 
 
 @serve.deployment(name="Router", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=256)
@@ -65,7 +70,7 @@ class Router:
         backend = ServeBackend(preprocessor, classifiers, ledger)
         self.ingress = Ingress(AppArgs.model_validate(args), backend, sorted(classifiers), labels, replica_id())
         V1(self.ingress)
-        V2(self.ingress)
+        self.grpc = GRPC(self.ingress, V2(self.ingress))
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         """user_config, live: weights, headers, deadlines, limits of the pipeline (no restart)."""
@@ -73,3 +78,28 @@ class Router:
 
     async def __call__(self, request: Request) -> Response:
         return await self.ingress(request)
+
+    # The Open Inference Protocol over gRPC (configs' grpc_options): Serve calls the method named after the RPC.
+    async def ServerLive(self, request: Any, grpc_context: Any = None) -> Any:
+        return await self.grpc.call("ServerLive", request, grpc_context)
+
+    async def ServerReady(self, request: Any, grpc_context: Any = None) -> Any:
+        return await self.grpc.call("ServerReady", request, grpc_context)
+
+    async def ModelReady(self, request: Any, grpc_context: Any = None) -> Any:
+        return await self.grpc.call("ModelReady", request, grpc_context)
+
+    async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> Any:
+        return await self.grpc.call("ServerMetadata", request, grpc_context)
+
+    async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:
+        return await self.grpc.call("ModelMetadata", request, grpc_context)
+
+    async def ModelConfig(self, request: Any, grpc_context: Any = None) -> Any:
+        return await self.grpc.call("ModelConfig", request, grpc_context)
+
+    async def ModelStatistics(self, request: Any, grpc_context: Any = None) -> Any:
+        return await self.grpc.call("ModelStatistics", request, grpc_context)
+
+    async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
+        return await self.grpc.call("ModelInfer", request, grpc_context)

@@ -55,6 +55,9 @@ class ServeBackend:
     def ledger_reset(self) -> Call:
         return self.ledger.reset.remote()
 
+    def ledger_model_stats(self) -> Call:
+        return self.ledger.model_stats.remote()
+
     async def result(self, call: Call) -> Any:
         try:
             return await call

@@ -19,8 +19,9 @@ Inputs. A request carries exactly ONE of two inputs; the metadata lists both
 (Triton clients read `inputs` as "what this model accepts", and each entry has
 its own name, so a client picks the one it has):
 
-    image_bytes  BYTES [-1]           encoded image files (JPEG, PNG, ...), decoded by the Preprocessor.
-                                      [N, 1] is taken as [N] (Triton's batched BYTES models use dims [1]).
+    image_bytes  BYTES [-1, 1]        encoded image files (JPEG, PNG, ...), decoded by the Preprocessor.
+                                      [N] is taken as [N, 1] (Triton's batched BYTES models use dims [1],
+                                      and the metadata says so; KServe clients often send [N]).
                                       Binary extension: 4-byte little-endian length + bytes per element.
                                       JSON `data`: each element is the file as a base64 string (JSON strings
                                       cannot carry arbitrary bytes; raw JPEG/PNG bytes are never valid UTF-8).
@@ -44,8 +45,10 @@ binary when the request parameter `binary_data_output` is true (tritonclient
 sets it whenever it is given no outputs), else as JSON.
 
 Extensions implemented, and so listed in the server metadata:
-`binary_tensor_data` and `classification`. Not implemented: shared memory
-(refused with 400), sequences, model repository, statistics, trace, logging.
+`binary_tensor_data`, `classification`, and Triton's `model_configuration`
+(app/v2_config.py) and `statistics` (app/inferstats.py), which Triton's tools
+(perf_analyzer) need. Not implemented: shared memory (refused with 400),
+sequences, model repository, trace, logging.
 
 Errors are `{"error": "<message>"}` (the protocol's error object) with the
 status from `app.errors.STATUS`, like every other failure of the service.
@@ -74,7 +77,7 @@ from app.models import MODEL_NAME
 # --------------------------------------------------------------------------- names and constants
 
 SERVER_NAME = "ray-image-classifier"
-EXTENSIONS: tuple[str, ...] = ("binary_tensor_data", "classification")
+EXTENSIONS: tuple[str, ...] = ("binary_tensor_data", "classification", "model_configuration", "statistics")
 PLATFORM = "onnx_onnxv1"  # Triton's platform name for ONNX models
 DEFAULT_VERSION = "1"
 
@@ -132,8 +135,11 @@ _ROUTES: tuple[tuple[re.Pattern[str], str, str], ...] = (
     (re.compile(r"/v2"), "GET", "server_metadata"),
     (re.compile(r"/v2/health/live"), "GET", "server_live"),
     (re.compile(r"/v2/health/ready"), "GET", "server_ready"),
+    (re.compile(r"/v2/models/stats"), "GET", "model_stats"),  # before _MODEL, which would read "stats" as a name
     (re.compile(_MODEL), "GET", "model_metadata"),
     (re.compile(_MODEL + r"/ready"), "GET", "model_ready"),
+    (re.compile(_MODEL + r"/config"), "GET", "model_config"),
+    (re.compile(_MODEL + r"/stats"), "GET", "model_stats"),
     (re.compile(_MODEL + r"/infer"), "POST", "infer"),
 )
 
@@ -142,7 +148,8 @@ def match_v2_path(method: str, path: str) -> tuple[str, dict[str, str]] | None:
     """Map a request to a V2 handler name and its path parameters.
 
     Handler names: server_metadata, server_live, server_ready, model_metadata,
-    model_ready, infer. Model routes give {"model": name, "version": v or ""}.
+    model_ready, model_config, model_stats, infer. Model routes give {"model": name,
+    "version": v or ""}; `/v2/models/stats` (every model) gives {}.
     None: not a V2 path. A V2 path with the wrong method raises
     ServiceError("method_not_allowed") (405).
     """
@@ -202,7 +209,9 @@ def model_metadata(
         "versions": list(versions),
         "platform": platform,
         "inputs": [
-            {"name": IMAGE_BYTES_INPUT, "datatype": INPUT_DATATYPES[IMAGE_BYTES_INPUT], "shape": [-1]},
+            # [-1, 1], as Triton reports a batching model's dims [1] (app/v2_config.py): its tools size a request
+            # from it (perf_analyzer refuses an input with no dimension past the batch). [N] is taken as well.
+            {"name": IMAGE_BYTES_INPUT, "datatype": INPUT_DATATYPES[IMAGE_BYTES_INPUT], "shape": [-1, 1]},
             {"name": IMAGE_INPUT, "datatype": INPUT_DATATYPES[IMAGE_INPUT], "shape": [-1, h, w, 3]},
         ],
         "outputs": [
@@ -463,8 +472,17 @@ def parse_infer_request(
                 "bad_request", f"{HEADER_LENGTH} is {header_length} but the body has only {len(body)} bytes"
             )
         header, rest = body[:header_length], body[header_length:]
-    doc = _load_json(header)
+    return parse_infer_doc(_load_json(header), rest, header_length is not None, limits, image_size)
 
+
+def parse_infer_doc(
+    doc: Mapping[str, Any], rest: bytes, binary_allowed: bool, limits: Limits, image_size: tuple[int, int]
+) -> InferRequest:
+    """`parse_infer_request` after the JSON: the request object, and the binary data that followed it.
+
+    binary_allowed: the request came with binary tensor data (REST: the header-length header; gRPC: always,
+    as raw contents), so inputs may declare `binary_data_size`.
+    """
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise ServiceError("bad_request", "id must be a string")
@@ -511,7 +529,7 @@ def parse_infer_request(
     if size is None and "data" not in inp:
         raise _tensor_error(f"input {name!r} has no data (neither data nor parameters.binary_data_size)")
     if size is not None:
-        if header_length is None:
+        if not binary_allowed:
             raise ServiceError("bad_request", f"input {name!r} is binary but the {HEADER_LENGTH} header is missing")
         if not _is_int(size) or size < 0:
             raise _tensor_error(f"input {name!r}: binary_data_size must be a non-negative integer")
@@ -654,6 +672,14 @@ def _element_bytes(e: Any) -> bytes:
     return e if isinstance(e, bytes) else str(e).encode("utf-8")
 
 
+def binary_tensor(value: np.ndarray | Sequence[Sequence[bytes]]) -> tuple[np.ndarray, str, bytes]:
+    """An output as (array, V2 datatype, its binary tensor data): BYTES length-prefixed, numbers little-endian."""
+    arr, datatype = _as_tensor(value)
+    if datatype == "BYTES":
+        return arr, datatype, _serialize_bytes(arr)
+    return arr, datatype, np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
 def _serialize_bytes(arr: np.ndarray) -> bytes:
     """BYTES tensor as binary data: per element (row-major) a 4-byte little-endian length, then the bytes."""
     parts = []
@@ -696,10 +722,7 @@ def build_infer_response(
         arr, datatype = _as_tensor(value)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": [int(d) for d in arr.shape]}
         if name in binary:
-            if datatype == "BYTES":
-                raw = _serialize_bytes(arr)
-            else:
-                raw = np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+            _, _, raw = binary_tensor(arr)
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         elif datatype == "BYTES":

@@ -43,6 +43,8 @@ def app_config(source: Path, port: int, shadow_fraction: float | None = None) ->
     """A Serve config file with its HTTP port (and optionally the Router's shadow_fraction) replaced."""
     cfg = yaml.safe_load(source.read_text())
     cfg.setdefault("http_options", {})["port"] = port
+    if "grpc_options" in cfg:  # its own gRPC port too, beside an app already serving the config's
+        cfg["grpc_options"]["port"] = port + 95
     routers = [d for app in cfg["applications"] for d in app.get("deployments", []) if d["name"] == "Router"]
     for d in routers if shadow_fraction is not None else []:
         d.setdefault("user_config", {})["shadow_fraction"] = shadow_fraction

@@ -42,6 +42,7 @@ import yaml  # noqa: E402
 
 SERVE_PORT = int(os.environ.get("TEST_SERVE_PORT", "18000"))
 METRICS_PORT = int(os.environ.get("TEST_METRICS_PORT", "18080"))
+GRPC_PORT = SERVE_PORT + 95  # past app.config.private_serve_env's own +93 and +94
 APP_NAME = "classifier"
 
 
@@ -54,6 +55,7 @@ def local_config(model_files: ModelFiles, **router_overrides: Any) -> dict[str, 
     """configs/local.yaml with absolute model paths and the test port; deployment tweaks by the caller."""
     cfg = copy.deepcopy(load_config("local.yaml"))
     cfg["http_options"]["port"] = SERVE_PORT
+    cfg["grpc_options"]["port"] = GRPC_PORT
     app = cfg["applications"][0]
     app["args"]["variants"]["int8"]["model_path"] = str(model_files.int8)
     app["args"]["variants"]["fp32"]["model_path"] = str(model_files.fp32)
@@ -134,9 +136,13 @@ class ServeDeployer:
     def __init__(self) -> None:
         from ray.serve._private import api as serve_api
 
+        grpc = load_config("local.yaml")["grpc_options"]
         self.client = serve_api.serve_start(
-            http_options={"host": "127.0.0.1", "port": SERVE_PORT}, proxy_location="HeadOnly"
+            http_options={"host": "127.0.0.1", "port": SERVE_PORT},
+            grpc_options={**grpc, "port": GRPC_PORT},
+            proxy_location="HeadOnly",
         )
+        self.grpc_url = f"127.0.0.1:{GRPC_PORT}"
         self.url = f"http://127.0.0.1:{SERVE_PORT}"
         self.current: dict[str, Any] | None = None
 
@@ -144,7 +150,7 @@ class ServeDeployer:
         from ray.serve.schema import ServeDeploySchema
 
         schema = ServeDeploySchema.model_validate(
-            {k: v for k, v in cfg.items() if k not in ("http_options", "proxy_location")}
+            {k: v for k, v in cfg.items() if k not in ("http_options", "grpc_options", "proxy_location")}
         )
         self.client.deploy_apps(schema)
         self.current = copy.deepcopy(cfg)

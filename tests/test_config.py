@@ -49,6 +49,7 @@ def test_serve_env_is_read_as_key_value_lines(tmp_path: Path) -> None:
         "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
         "RAY_SERVE_HAPROXY_NBTHREAD": "1",
         "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": "201326592",
+        "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE": "16777216",
     }
     f = tmp_path / "x.env"
     f.write_text("# comment\n\nA_B=1\n  C=/tmp/x  \nEMPTY=\n")

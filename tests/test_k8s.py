@@ -796,12 +796,29 @@ def test_ray_ports_stay_inside_the_cluster(rendered: tuple[str, list[dict[str, A
 def test_ray_containers_declare_the_ports_kuberay_reads(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     rs = one(rendered[1], "RayService")
     serve_port = serve_config(rs)["http_options"]["port"]
+    grpc_port = serve_config(rs)["grpc_options"]["port"]
     for group, template in pod_templates(rs).items():
         ports = {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
         assert ports["serve"] == serve_port and ports["metrics"] == 8080, group
+        assert ports["grpc"] == grpc_port, f"{group}: the gRPC Service targets the port named grpc"
         assert "client" not in ports, f"{group}: the Ray client port is not served"
         if group == "head":
             assert ports["gcs-server"] == 6379 and ports["dashboard"] == 8265
+
+
+def test_the_grpc_service_reaches_the_serving_pods_on_the_grpc_port(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """KubeRay's serve Service keeps only the port named `serve`, so gRPC has a Service of its own."""
+    docs = rendered[1]
+    rs = one(docs, "RayService")
+    (svc,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "image-classifier-grpc"]
+    assert svc["spec"]["selector"] == {**APP_LABEL, "ray.io/serve": "true"}  # KubeRay's mark of a healthy proxy
+    (port,) = svc["spec"]["ports"]
+    assert port["port"] == serve_config(rs)["grpc_options"]["port"] and port["targetPort"] == "grpc"
+    assert port["appProtocol"] == "kubernetes.io/h2c"  # gRPC without TLS inside the cluster
+    for group, template in pod_templates(rs).items():
+        assert APP_LABEL.items() <= template["metadata"]["labels"].items(), group
 
 
 def _peers_for(policies: list[dict[str, Any]], pod_labels: dict[str, str], port: int) -> list[dict[str, Any]]:
@@ -834,13 +851,14 @@ def test_network_policy_admits_only_named_sources(rendered: tuple[str, list[dict
         labels = dict(template["metadata"]["labels"], **{"ray.io/node-type": "head" if group == "head" else "worker"})
         assert any(p["spec"]["podSelector"]["matchLabels"].items() <= labels.items() for p in policies), group
         outside: dict[int, set[str]] = {}
-        for port in (8000, 8080, 8265, 6379):
+        for port in (8000, 9000, 8080, 8265, 6379):
             peers = _peers_for(policies, labels, port)
             for peer in peers:
                 if "namespaceSelector" not in peer:  # same namespace: only this service's Ray pods
                     assert peer["podSelector"]["matchLabels"] == APP_LABEL, peer
             outside[port] = set().union(*[_namespaces(p) for p in peers if "namespaceSelector" in p])
         assert outside[8000] == {"ingress-nginx"}, (group, outside)
+        assert outside[9000] == {"ingress-nginx"}, (group, outside)
         assert outside[8080] == {"monitoring"}, (group, outside)
         assert outside[6379] == set(), (group, outside)
         assert outside[8265] == ({"kuberay-system"} if group == "head" else set()), (group, outside)

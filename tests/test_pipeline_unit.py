@@ -144,6 +144,9 @@ class FakeBackend:
     def ledger_reset(self) -> FakeCall:
         return self.describe("")
 
+    def ledger_model_stats(self) -> FakeCall:
+        return self.describe("")
+
     async def result(self, call: Any) -> Any:
         return await call
 

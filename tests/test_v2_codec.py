@@ -111,7 +111,10 @@ def test_model_names_come_from_base_and_variants() -> None:
         ("POST", "/v2/models/m/versions/1/infer", ("infer", {"model": "m", "version": "1"})),
         ("GET", "/v1/models", None),
         ("GET", "/v2/models", None),
-        ("GET", "/v2/models/m/versions/1/stats", None),
+        ("GET", "/v2/models/m/versions/1/stats", ("model_stats", {"model": "m", "version": "1"})),
+        ("GET", "/v2/models/m/config", ("model_config", {"model": "m", "version": ""})),
+        ("GET", "/v2/models/stats", ("model_stats", {})),
+        ("GET", "/v2/models/m/trace/setting", None),
         ("POST", "/v2x", None),
     ],
 )
@@ -130,7 +133,11 @@ def test_wrong_method_on_a_v2_path_is_405(method: str, path: str) -> None:
 
 def test_server_metadata_lists_only_what_is_implemented() -> None:
     meta = v2.server_metadata("0.1.0")
-    assert meta == {"name": v2.SERVER_NAME, "version": "0.1.0", "extensions": ["binary_tensor_data", "classification"]}
+    assert meta == {
+        "name": v2.SERVER_NAME,
+        "version": "0.1.0",
+        "extensions": ["binary_tensor_data", "classification", "model_configuration", "statistics"],
+    }
 
 
 def test_model_metadata_from_the_classifier_spec() -> None:
@@ -142,7 +149,7 @@ def test_model_metadata_from_the_classifier_spec() -> None:
     meta = v2.model_metadata(v2.INT8_MODEL, ["1"], spec, 1000)
     assert meta["name"] == "efficientnet_lite0-int8" and meta["versions"] == ["1"] and meta["platform"] == "onnx_onnxv1"
     assert meta["inputs"] == [
-        {"name": "image_bytes", "datatype": "BYTES", "shape": [-1]},
+        {"name": "image_bytes", "datatype": "BYTES", "shape": [-1, 1]},
         {"name": "image", "datatype": "UINT8", "shape": [-1, 224, 224, 3]},
     ]
     assert meta["outputs"] == [

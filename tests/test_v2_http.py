@@ -50,7 +50,7 @@ def test_server_and_model_health_and_metadata(client: triton.InferenceServerClie
         assert meta["name"] == name and meta["platform"] == "onnx_onnxv1"
         inputs = {i["name"]: i for i in meta["inputs"]}
         assert inputs["image"]["datatype"] == "UINT8" and inputs["image"]["shape"] == [-1, 224, 224, 3]
-        assert inputs["image_bytes"]["datatype"] == "BYTES" and inputs["image_bytes"]["shape"] == [-1]
+        assert inputs["image_bytes"]["datatype"] == "BYTES" and inputs["image_bytes"]["shape"] == [-1, 1]
         outputs = {o["name"]: o for o in meta["outputs"]}
         assert outputs["logits"]["shape"] == [-1, 1000] and outputs["logits"]["datatype"] == "FP32"
     assert not client.is_model_ready("resnet50")

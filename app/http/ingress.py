@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
@@ -140,17 +141,21 @@ class Ingress:
             return await loop.run_in_executor(self.inflater, inflate, raw, encoding, max_bytes, ratio)
         return inflate(raw, encoding, max_bytes, ratio)
 
-    def choose(self, request: Request, pinned: str | None = None) -> Choice:
-        """The A/B choice (sticky, override or weighted), or the variant a V2 model name pins."""
+    def choose(self, request: Request | Headers, pinned: str | None = None) -> Choice:
+        """The A/B choice (sticky, override or weighted), or the variant a V2 model name pins.
+
+        request: an HTTP request, or the headers of another protocol's call (gRPC metadata).
+        """
         if pinned is not None:
             return Choice(pinned, "model")
         cfg, split = self.config, self.split
         assert split is not None
+        headers = request.headers if isinstance(request, Request) else request
         return choose_variant(
             split,
             self.known,
-            request.headers.get(cfg.sticky_header),
-            request.headers.get(cfg.override_header),
+            headers.get(cfg.sticky_header),
+            headers.get(cfg.override_header),
             cfg.allow_override,
             self.rng,
         )
@@ -159,9 +164,10 @@ class Ingress:
         """Serve's own request id (it also returns it as X-Request-Id and logs it)."""
         return request_id() or request.headers.get("x-request-id") or uuid.uuid4().hex
 
-    def user(self, request: Request) -> str | None:
+    def user(self, request: Request | Headers) -> str | None:
         """Who sent the request, as the sticky header says (None: not said)."""
-        return request.headers.get(self.config.sticky_header)
+        headers = request.headers if isinstance(request, Request) else request
+        return headers.get(self.config.sticky_header)
 
     def observe_pixels(self, pixels: list[int]) -> None:
         for n in pixels:

@@ -14,15 +14,17 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app import __version__, v2
+from app import __version__, v2, v2_config
 from app.body import check_encoding
 from app.errors import ServiceError
 from app.http import reading
 from app.http.ingress import Ingress
 from app.http.replies import json_response
+from app.inferstats import ModelStatsTable
 from app.parse_pool import parse_request
 from app.payloads import Pixels
-from app.pipeline.service import ms
+from app.pipeline.service import Outcome, ms
+from app.routing import Choice
 from app.runtime.outputs import softmax
 
 logger = logging.getLogger("ray.serve")
@@ -39,11 +41,14 @@ class V2:
             "server_ready": self.server_ready,
             "model_ready": self.model_ready,
             "model_metadata": self.model_metadata,
+            "model_config": self.model_config,
+            "model_stats": self.model_stats,
             "infer": self.infer,
         }
         ingress.v2 = self.dispatch
 
     async def dispatch(self, request: Request, path: str) -> Response:
+        t0, name, params = time.perf_counter(), "", Params()
         try:
             matched = v2.match_v2_path(request.method, path)
             if matched is None:
@@ -51,12 +56,19 @@ class V2:
             name, params = matched
             return await self.handlers[name](request, params)
         except ServiceError as e:
-            if e.status >= 500 and e.variant:  # a variant's failure counts against it in the A/B evidence
-                self.ing.pipeline.evidence.stats.record_request(e.variant, 0.0, ok=False)
+            self.record_failure(e, params.get("model", "") if name == "infer" else "", time.perf_counter() - t0)
             return self.ing.replies.v2_error(e)
         except Exception as e:  # a bug, not an input's fault: counted like every other error
             logger.exception("unhandled error on %s %s", request.method, path)
             return self.ing.replies.v2_error(ServiceError("internal_error", f"internal error ({type(e).__name__})"))
+
+    def record_failure(self, e: ServiceError, model: str, elapsed_s: float) -> None:
+        """A failed request in the A/B evidence (a variant's own failure) and in Triton's statistics (a known model)."""
+        stats = self.ing.pipeline.evidence.stats
+        if e.status >= 500 and e.variant:  # a variant's failure counts against it in the A/B evidence
+            stats.record_request(e.variant, 0.0, ok=False)
+        if model in v2.model_names(self.ing.args.model_name, self.ing.variants):
+            stats.models.failure(model, elapsed_s)
 
     async def server_metadata(self, request: Request, params: Params) -> Response:
         return json_response(v2.server_metadata(__version__))
@@ -83,6 +95,33 @@ class V2:
         labels = len(self.ing.labels) or None
         return json_response(v2.model_metadata(params["model"], [v2.DEFAULT_VERSION], spec, labels))
 
+    async def model_config(self, request: Request, params: Params) -> Response:
+        return json_response(await self.config_of(params["model"], params.get("version") or None))
+
+    async def config_of(self, model: str, version: str | None) -> dict[str, Any]:
+        """Triton's model configuration of one V2 model (app/v2_config.py); the A/B model's is its first variant's."""
+        ing = self.ing
+        pinned = v2.resolve_model(model, ing.args.model_name, ing.variants, version)
+        variant = pinned or ing.variants[0]
+        spec = await ing.pipeline.spec(variant)
+        described = await ing.pipeline.ask(ing.pipeline.backend.describe(variant), 5.0)
+        return v2_config.model_config(model, spec, len(ing.labels) or None, ing.limits.max_batch_files, described)
+
+    async def model_stats(self, request: Request, params: Params) -> Response:
+        return json_response(await self.stats_of(params.get("model") or None, params.get("version") or None))
+
+    async def stats_of(self, model: str | None, version: str | None) -> dict[str, Any]:
+        """Triton's statistics of one V2 model, or of every one: the ledger's totals and this Router's unsent part."""
+        ing = self.ing
+        names = list(v2.model_names(ing.args.model_name, ing.variants))
+        if model is not None:
+            v2.resolve_model(model, ing.args.model_name, ing.variants, version)
+            names = [model]
+        pipeline = ing.pipeline
+        table = await pipeline.ask(pipeline.backend.ledger_model_stats(), 5.0)
+        table.merge(pipeline.evidence.stats.models)
+        return table.triton(names, v2.DEFAULT_VERSION)
+
     async def _require_ready(self, variants: list[str]) -> None:
         detail = await self.ing.pipeline.ready(variants)
         down = [v for v, ok in detail.items() if not ok]
@@ -104,41 +143,73 @@ class V2:
         raw = await ing.receive(request, json_limit if header_length is None and not compressed else body_limit)
         pipeline = ing.pipeline
         received = time.perf_counter()  # the deadline runs from the body's arrival, a wait for admission included
+        model = v2.model_name_for(ing.args.model_name, pinned)
         async with pipeline.admitted(len(raw), ing.user(request)):
             choice = ing.choose(request, pinned)
             body = await ing.inflate(raw, encoding, json_limit if header_length is None else body_limit)
             spec = await pipeline.spec(choice.variant)
             remaining = received + ing.config.inference_timeout_s - time.perf_counter()
             req = await parse_request(ing.parsers, body, header_length, ing.limits, v2.image_hw(spec), remaining)
-            full = req.needs_logits or req.needs_probabilities
-            if req.images is not None:
-                size = await pipeline.input_size(choice.variant)
-                refused, pixels = reading.check_images(req.images, ing.limits, size)
-                ing.observe_pixels(pixels)
-                if refused:  # the protocol has no per-item errors: the first refusal fails the request
-                    raise refused[min(refused)]
-                outcome = await pipeline.classify(choice, req.images, req.max_k, received, full)
-            else:
-                assert req.pixels is not None
-                n = len(req.pixels)
-                tensor = Pixels(np.ascontiguousarray(req.pixels), 0.0, {}, list(range(n)))
-                outcome = await pipeline.classify_pixels(choice, tensor, req.max_k, received, full)
+            outcome = await self.run(req, choice, received)
+        encoded_from = time.perf_counter()
+        outputs, parameters = self.outputs(req, outcome)
+        out, headers = v2.build_infer_response(
+            model, v2.DEFAULT_VERSION, req.id, outputs, req.binary_outputs, parameters
+        )
+        done = time.perf_counter()
+        timings = {**outcome.timings(), "total": ms(done - t0)}
+        pipeline.evidence.stats.record_request(outcome.variant, timings["total"], ok=True)
+        record_success(pipeline.evidence.stats.models, model, outcome, req.batch_size, done - t0, done - encoded_from)
+        return Response(out, headers={**headers, **ing.replies.success(ENDPOINT, outcome.variant, timings)})
+
+    async def run(self, req: v2.InferRequest, choice: Choice, received: float) -> Outcome:
+        """A parsed request through the pipeline (REST and gRPC alike); the caller holds its admission."""
+        ing, pipeline = self.ing, self.ing.pipeline
+        full = req.needs_logits or req.needs_probabilities
+        if req.images is not None:
+            size = await pipeline.input_size(choice.variant)
+            refused, pixels = reading.check_images(req.images, ing.limits, size)
+            ing.observe_pixels(pixels)
+            if refused:  # the protocol has no per-item errors: the first refusal fails the request
+                raise refused[min(refused)]
+            outcome = await pipeline.classify(choice, req.images, req.max_k, received, full)
+        else:
+            assert req.pixels is not None
+            n = len(req.pixels)
+            tensor = Pixels(np.ascontiguousarray(req.pixels), 0.0, {}, list(range(n)))
+            outcome = await pipeline.classify_pixels(choice, tensor, req.max_k, received, full)
         if outcome.errors:  # the protocol has no per-item errors: the first bad image fails the request
             raise outcome.errors[min(outcome.errors)]
+        return outcome
+
+    def outputs(self, req: v2.InferRequest, outcome: Outcome) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The requested output tensors and the response parameters (which variant answered, and why)."""
         logits = outcome.logits
         probabilities = softmax(logits) if req.needs_probabilities and logits is not None else None
-        parameters: dict[str, Any] = {"variant": outcome.variant, "routing": outcome.routing}
-        if outcome.failed_over:
-            parameters["failover"] = True
-        out, headers = v2.encode_infer_response(
+        outputs = v2.compute_outputs(
             req,
-            v2.model_name_for(ing.args.model_name, pinned),
-            ing.labels,
+            self.ing.labels,
             logits=logits,
             probabilities=probabilities,
             top=[outcome.top[i] for i in sorted(outcome.top)],
-            parameters=parameters,
         )
-        timings = {**outcome.timings(), "total": ms(time.perf_counter() - t0)}
-        pipeline.evidence.stats.record_request(outcome.variant, timings["total"], ok=True)
-        return Response(out, headers={**headers, **ing.replies.success(ENDPOINT, outcome.variant, timings)})
+        parameters: dict[str, Any] = {"variant": outcome.variant, "routing": outcome.routing}
+        if outcome.failed_over:
+            parameters["failover"] = True
+        return outputs, parameters
+
+
+def record_success(
+    table: ModelStatsTable, model: str, outcome: Outcome, images: int, total_s: float, output_s: float
+) -> None:
+    """One answered request in Triton's statistics (app/inferstats.py says how the timings map)."""
+    table.success(
+        model,
+        images,
+        int(time.time() * 1000),
+        total_s=total_s,
+        queue_s=outcome.queue_ms / 1000,
+        input_s=outcome.preprocess_ms / 1000,
+        infer_s=outcome.inference_ms / 1000,
+        output_s=output_s,
+    )
