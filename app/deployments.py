@@ -24,6 +24,7 @@ from starlette.responses import Response
 from app.abstats import ABStats
 from app.config import AppArgs, RouterConfig
 from app.handles import ServeBackend
+from app.http.docs import Docs
 from app.http.grpc import GRPC
 from app.http.ingress import Ingress
 from app.http.v1 import V1
@@ -70,6 +71,7 @@ class Router:
         backend = ServeBackend(preprocessor, classifiers, ledger)
         self.ingress = Ingress(AppArgs.model_validate(args), backend, sorted(classifiers), labels, replica_id())
         V1(self.ingress)
+        Docs(self.ingress)
         self.grpc = GRPC(self.ingress, V2(self.ingress))
 
     def reconfigure(self, config: dict[str, Any]) -> None:

@@ -1,0 +1,107 @@
+"""GET /openapi.json and GET /docs: the OpenAPI document and Swagger UI, its assets served from here (offline).
+
+Swagger UI's files come from the `swagger-ui-bundle-v2` package (import name `swagger_ui_bundle`); only the
+files in ASSETS are served, each at its own fixed path, so no request names a file.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from app.http.openapi import build_openapi
+
+if TYPE_CHECKING:
+    from app.http.ingress import Ingress
+
+DOCS, SPEC, ASSETS_AT = "/docs", "/openapi.json", "/docs/assets/"
+JS, CSS = "text/javascript; charset=utf-8", "text/css; charset=utf-8"
+# served name -> (file in the package, or None for INIT_JS below; media type)
+ASSETS: dict[str, tuple[str | None, str]] = {
+    "swagger-ui.css": ("swagger-ui.css", CSS),
+    "swagger-ui-bundle.js": ("swagger-ui-bundle.js", JS),
+    "init.js": (None, JS),
+}
+INIT_JS = """window.addEventListener("load", function () {
+  window.ui = SwaggerUIBundle({
+    url: "/openapi.json",
+    dom_id: "#swagger-ui",
+    deepLinking: true,
+    validatorUrl: null,
+    presets: [SwaggerUIBundle.presets.apis],
+    layout: "BaseLayout",
+  });
+});
+"""
+PAGE = f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>Image classification API</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="{ASSETS_AT}swagger-ui.css">
+</head>
+<body>
+<div id="swagger-ui"></div>
+<script src="{ASSETS_AT}swagger-ui-bundle.js"></script>
+<script src="{ASSETS_AT}init.js"></script>
+</body>
+</html>
+"""
+# The page may load nothing from elsewhere; Swagger UI styles elements inline and draws icons as data: URLs.
+CSP = "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'"
+
+
+def swagger_ui_dir() -> Path:
+    from swagger_ui_bundle import swagger_ui_path  # a package of static files only
+
+    return Path(str(swagger_ui_path))
+
+
+@cache
+def asset(name: str) -> bytes:
+    """An asset's bytes, read once."""
+    source, _ = ASSETS[name]
+    return INIT_JS.encode() if source is None else (swagger_ui_dir() / source).read_bytes()
+
+
+def asset_media() -> dict[str, str]:
+    """Each asset's path -> media type (documented in /openapi.json too)."""
+    return {ASSETS_AT + name: media.split(";")[0] for name, (_, media) in ASSETS.items()}
+
+
+class Docs:
+    """Adds GET /openapi.json, GET /docs and the assets to the Ingress's route table."""
+
+    def __init__(self, ingress: Ingress) -> None:
+        self.ing = ingress
+        self._spec: tuple[tuple[Any, ...], bytes] | None = None
+        ingress.routes.update({("GET", SPEC): self.openapi, ("GET", DOCS): self.page})
+        for name in ASSETS:
+            ingress.routes[("GET", ASSETS_AT + name)] = self._asset_route(name)
+
+    async def openapi(self, request: Request) -> Response:
+        cfg = self.ing.config
+        key = (cfg.sticky_header, cfg.override_header, tuple(self.ing.variants))
+        if self._spec is None or self._spec[0] != key:  # the header names are live config
+            doc = build_openapi(
+                self.ing.limits, cfg.sticky_header, cfg.override_header, self.ing.variants, asset_media()
+            )
+            self._spec = (key, json.dumps(doc, separators=(",", ":")).encode())
+        return Response(self._spec[1], media_type="application/json")
+
+    async def page(self, request: Request) -> Response:
+        return Response(PAGE, media_type="text/html", headers={"Content-Security-Policy": CSP})
+
+    def _asset_route(self, name: str) -> Any:
+        media = ASSETS[name][1]
+
+        async def serve(request: Request) -> Response:
+            return Response(asset(name), headers={"Content-Type": media, "Cache-Control": "public, max-age=3600"})
+
+        return serve

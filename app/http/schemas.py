@@ -1,0 +1,303 @@
+"""The v1 response bodies as typed models: the source of the OpenAPI document's schemas (app/http/openapi.py).
+
+Pure: no Ray, no Starlette. The handlers build plain dicts; these models say what those dicts are, field
+for field, and tests/test_openapi_live.py checks real replies against the schemas made from them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from app.config import Limits
+from app.errors import STATUS
+
+
+class _Body(BaseModel):
+    """A closed JSON object: a field the handler does not send is a drift the schema must catch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+class ErrorDetail(_Body):
+    code: str = Field(
+        description="machine-readable; the status follows from it (app/errors.py STATUS)",
+        json_schema_extra={"enum": list(STATUS)},
+    )
+    message: str = Field(description="for people; may change between releases")
+
+    @field_validator("code")
+    @classmethod
+    def _known(cls, code: str) -> str:
+        if code not in STATUS:
+            raise ValueError(f"unknown error code {code!r}")
+        return code
+
+
+class ErrorBody(_Body):
+    """Every v1 error: `{"error": {"code", "message"}}`."""
+
+    error: ErrorDetail
+
+
+class NotReadyBody(ErrorBody):
+    """GET /readyz when a variant is not loaded and warmed: the error, and each variant's readiness."""
+
+    variants: dict[str, bool] = Field(description="variant -> loaded and warmed up")
+
+
+# -- classification ----------------------------------------------------------------------
+
+
+class Prediction(_Body):
+    class_id: int = Field(ge=0, description="index into the model's labels")
+    label: str
+    score: float = Field(ge=0, le=1, description="softmax probability, rounded to 6 digits")
+
+
+class EntryTimings(_Body):
+    """Where one image's time went, in milliseconds (batch_size: images in the Classifier call it rode in)."""
+
+    preprocess: float
+    queue: float
+    inference: float
+    batch_size: int = Field(ge=0)
+
+
+class RequestTimings(EntryTimings):
+    """A request's timings: receive (the body arriving) and total on top of the image's. Also in Server-Timing."""
+
+    receive: float
+    total: float
+
+
+class _Classification(_Body):
+    request_id: str = Field(description="as in X-Request-Id; a batch entry's is `<request_id>-<position>`")
+    variant: str = Field(description="the variant that answered (also the X-Model-Variant response header)")
+    model: str
+    predictions: list[Prediction] = Field(description="top_k classes, best first")
+    routing: Literal["weighted", "sticky", "override"] = Field(description="why the request went to its variant")
+    failover: bool = Field(False, description="present (true) only when another variant answered for a down one")
+
+
+class ClassifyResponse(_Classification):
+    """POST /v1/classify: the image's top classes."""
+
+    timings_ms: RequestTimings
+
+
+class BatchEntry(_Classification):
+    """One image of a batch that was classified."""
+
+    timings_ms: EntryTimings
+
+
+class BatchEntryError(ErrorBody):
+    """One image of a batch that failed (400, 413 or 415 codes); the others are unaffected."""
+
+    status: int = Field(description="the status this error would have had on /v1/classify")
+
+
+class BatchResponse(_Body):
+    """POST /v1/classify/batch: one entry per `file` part, in order."""
+
+    request_id: str
+    variant: str
+    results: list[BatchEntry | BatchEntryError]
+    timings_ms: RequestTimings
+
+
+# -- health --------------------------------------------------------------------------------
+
+
+class Health(_Body):
+    status: Literal["ok"]
+
+
+class Ready(_Body):
+    status: Literal["ready"]
+    variants: dict[str, bool] = Field(description="variant -> loaded and warmed up (all true here)")
+
+
+# -- A/B evidence --------------------------------------------------------------------------
+
+
+class LatencyQuantiles(_Body):
+    p50: float | None
+    p99: float | None
+
+
+class VariantEvidence(_Body):
+    requests: int = Field(ge=0)
+    errors: int = Field(ge=0)
+    error_rate: float | None = Field(description="null before the first request")
+    latency_ms: LatencyQuantiles
+
+
+class PairEvidence(_Body):
+    """Shadow comparisons of two variants on the same images."""
+
+    shadowed: int = Field(ge=0)
+    dropped: int = Field(ge=0, description="shadow runs skipped under load or failed; never compared")
+    top1_agreement: float | None
+    top1_agreement_ci95: tuple[float, float] | None = Field(description="95% Wilson interval")
+    mean_top5_overlap: float | None
+    mean_abs_top1_prob_delta: float | None
+
+
+class ABSummary(_Body):
+    """GET /v1/ab/summary: the A/B evidence of every Router since `since`."""
+
+    since: float = Field(description="Unix time of the start or the last reset")
+    variants: dict[str, VariantEvidence]
+    pairs: dict[str, PairEvidence] = Field(description='key "a|b", the two variant names sorted')
+
+
+class ABReset(_Body):
+    """POST /v1/ab/reset: the counters are zeroed; `before` is the summary as it was."""
+
+    reset: Literal[True]
+    before: ABSummary
+
+
+# -- /v1/models ------------------------------------------------------------------------------
+
+
+class Throughput(_Body):
+    batch: int
+    parallel: int = Field(description="calls in flight at once")
+    ms: float = Field(description="median wall time of one round")
+    img_per_s: float
+
+
+class SpeedGateVerdict(_Body):
+    variant: str
+    baseline: str
+    batch: int
+    variant_img_per_s: float
+    baseline_img_per_s: float
+    speedup: float
+    min_speedup: float
+    action: Literal["warn", "fail"]
+    passed: bool
+    message: str
+
+
+class Batching(_Body):
+    max_batch_size: int
+    batch_wait_timeout_s: float
+    max_concurrent_batches: int
+
+
+class TensorInfo(_Body):
+    name: str
+    shape: list[int | str | None] = Field(description="symbolic dimensions as names, or null")
+    dtype: str
+
+
+class InputSpec(_Body):
+    input: TensorInfo
+    outputs: list[str]
+    layout: Literal["NCHW", "NHWC"]
+    size: tuple[int, int] = Field(description="[height, width]")
+
+
+class OpenVinoInfo(_Body):
+    version: str
+    streams: int
+    threads: int
+
+
+class Profiling(_Body):
+    active: bool
+    batches_left: int
+    last: dict[str, Any] | None = Field(description="the last profile's trace file and summary")
+    refused: str | None = Field(None, description="present when this replica cannot profile")
+
+
+class _VariantBase(_Body):
+    deployment: str = Field(description="the Serve deployment, Classifier_<variant>")
+    weight: float
+    traffic_fraction: float = Field(ge=0, le=1)
+    description: str
+
+
+class VariantInfo(_VariantBase):
+    """A variant as its Classifier replica describes itself."""
+
+    variant: str
+    model_file: str
+    precision: Literal["fp32", "int8"]
+    engine: str = Field(description="the engine serving: cpu, cuda, tensorrt or openvino")
+    execution_provider: str = Field(description="the provider really active")
+    providers: list[str]
+    requested_providers: list[str]
+    nodes_per_provider: dict[str, int] | None = Field(None, description="ONNX Runtime only")
+    openvino: OpenVinoInfo | None = Field(None, description="OpenVINO only")
+    on_gpu: bool
+    gpu_granted: bool
+    fell_back_to_cpu: bool
+    plan_note: str
+    measured: dict[str, Throughput] = Field(description="throughput at start: batch_1 and batch_<max>")
+    engine_candidates: dict[str, Throughput] | None = Field(None, description="engine auto: each engine measured")
+    speed_gate: SpeedGateVerdict | None = Field(None, description="present when a speed gate applies")
+    intra_op_threads: int
+    num_cpus: float
+    batching: Batching
+    warmed_up_to: int
+    profiling: Profiling | None
+    input: InputSpec
+    replica_id: str
+    node_id: str
+
+
+class VariantUnreachable(_VariantBase):
+    """A variant whose replica did not answer within 5 s."""
+
+    error: str
+
+
+class RoutingInfo(_Body):
+    sticky_header: str
+    override_header: str
+    allow_override: bool
+    failover: bool
+    inference_timeout_s: float
+    shadow_fraction: float
+
+
+class AdmissionInfo(_Body):
+    in_flight: int
+    waiting: int
+    refused: int
+    refusals_pacing: int
+    finishing_per_s: float | None
+
+
+class BodiesInfo(_Body):
+    slow_now: int
+    timed_out: int
+    refused_slow: int
+
+
+class ParsersInfo(_Body):
+    started: int
+    parsed: int
+
+
+class ModelsResponse(_Body):
+    """GET /v1/models: the variants, the A/B policy, the limits and this Router replica's counters."""
+
+    model: str
+    variants: dict[str, VariantInfo | VariantUnreachable]
+    routing: RoutingInfo
+    limits: Limits
+    router_replica_id: str
+    cancelled_requests: int
+    admission: AdmissionInfo
+    bodies: BodiesInfo
+    json_parsers: ParsersInfo
