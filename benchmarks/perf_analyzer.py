@@ -200,30 +200,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-COLOURS = {"http": "#4c72b0", "grpc": "#dd8452", "http wrk": "#55a868"}
+COLOURS = {"http": "#4c72b0", "grpc": "#dd8452", "wrk": "#55a868"}
 
 
-def _short(model: str) -> str:
-    return model.rsplit("-", 1)[-1] if "-" in model else "A/B"
+def _client(result: dict[str, Any]) -> str:
+    return "wrk" if "wrk" in result["protocol"] else result["protocol"]
 
 
 def plot(results: list[dict[str, Any]], out: Path) -> None:
-    """Inferences/s per model, protocol and concurrency, as perf_analyzer measured them."""
+    """Requests/s per model, client and concurrency: perf_analyzer over HTTP and gRPC, wrk over HTTP."""
     from benchmarks.report import pyplot, save_figure
 
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(9, 4))
-    labels = [
-        f"{r['model'].rsplit('-', 1)[-1] if '-' in r['model'] else 'A/B'}\n{r['protocol']} c={r['concurrency']}"
-        for r in results
-    ]
-    ax.bar(
-        range(len(results)),
-        [r["infer_per_s"] for r in results],
-        color=[COLOURS[r["protocol"].split(" ")[0] + (" wrk" if "wrk" in r["protocol"] else "")] for r in results],
-    )
+    fig, ax = plt.subplots(figsize=(10, 4))
+    short = {"efficientnet_lite0": "A/B", "efficientnet_lite0-fp32": "fp32", "efficientnet_lite0-int8": "int8"}
+    labels = [f"{short.get(r['model'], r['model'])}\nc={r['concurrency']}" for r in results]
+    ax.bar(range(len(results)), [r["infer_per_s"] for r in results], color=[COLOURS[_client(r)] for r in results])
     ax.set_xticks(range(len(results)), labels, fontsize=7)
-    ax.set_ylabel("inferences/s (perf_analyzer)")
+    ax.set_ylabel("requests/s (1 image each)")
     ax.set_title("perf_analyzer over HTTP (blue) and gRPC (orange); make bench's wrk over HTTP (green)")
     save_figure(fig, out)
 
