@@ -194,7 +194,7 @@ def test_process_labels_and_memory_under_one_raylet() -> None:
     assert serve_processes(11, table) == {} and serve_processes(None, table) == {}
 
 
-def test_app_config_changes_only_the_port_and_shadow_fraction() -> None:
+def test_app_config_changes_only_the_ports_and_shadow_fraction() -> None:
     source = REPO / "configs" / "local.yaml"
     cfg = app_config(source, 8299, shadow_fraction=0.25)
     orig = yaml.safe_load(source.read_text())
@@ -205,6 +205,8 @@ def test_app_config_changes_only_the_port_and_shadow_fraction() -> None:
         d for d in orig["applications"][0]["deployments"] if d["name"] == "Router"
     )["user_config"]["shadow_fraction"]
     cfg["http_options"]["port"] = orig["http_options"]["port"]
+    assert cfg["grpc_options"]["port"] == 8299 + 95  # its own gRPC port too, beside a running app's 9000
+    cfg["grpc_options"]["port"] = orig["grpc_options"]["port"]
     assert cfg == orig
 
 

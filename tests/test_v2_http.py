@@ -14,7 +14,7 @@ from tritonclient.utils import InferenceServerException
 from app.models import ModelFiles
 from app.models.samples import sample_bytes
 from app.preprocess import preprocess
-from tests.conftest import ServeDeployer, local_config
+from tests.conftest import ServeDeployer, local_config, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -56,6 +56,29 @@ def test_server_and_model_health_and_metadata(client: triton.InferenceServerClie
     assert not client.is_model_ready("resnet50")
     server = client.get_server_metadata()
     assert "binary_tensor_data" in server["extensions"] and "classification" in server["extensions"]
+
+
+def test_triton_config_and_statistics_extensions_over_rest(client: triton.InferenceServerClient) -> None:
+    config = client.get_model_config(FP32)
+    assert config["name"] == FP32 and config["max_batch_size"] == 64
+    assert [(i["name"], i["optional"]) for i in config["input"]] == [("image_bytes", True), ("image", True)]
+    before = client.get_inference_statistics(FP32)["model_stats"][0]
+    assert before["name"] == FP32 and before["version"] == "1"
+    client.infer(FP32, [bytes_input(["chelsea", "coffee"], binary=True)])
+    # the answering Router adds its unsent counts, so its own requests show at once or within a flush
+    wait_until(
+        lambda: (
+            client.get_inference_statistics(FP32)["model_stats"][0]["inference_count"] >= before["inference_count"] + 2
+        ),
+        20,
+        0.25,
+        "two images in the statistics",
+    )
+    every = client.get_inference_statistics()["model_stats"]
+    assert {m["name"] for m in every} == {AB, FP32, INT8}
+    with pytest.raises(InferenceServerException) as e:
+        client.get_model_config("resnet50")
+    assert e.value.status() == "404"
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
