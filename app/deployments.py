@@ -13,6 +13,8 @@ Only the top-k scores come back to the client.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from typing import Any
 
@@ -23,14 +25,21 @@ from starlette.responses import Response
 
 from app.abstats import ABStats
 from app.config import AppArgs, RouterConfig
-from app.handles import ServeBackend
+from app.handles import RolloutPorts, ServeBackend
 from app.http.docs import Docs
 from app.http.grpc import GRPC
 from app.http.ingress import Ingress
+from app.http.rollout import RolloutAPI
 from app.http.v1 import V1
 from app.http.v2 import V2
 from app.inferstats import ModelStatsTable
+from app.metrics import RolloutMetrics
+from app.rollout.board import RolloutBoard
+from app.rollout.controller import RolloutService
 from app.serve_internals import replica_id
+
+logger = logging.getLogger("ray.serve")
+TICK_S = 1.0  # the rollout controller's decision period
 
 
 @serve.deployment(name="ABLedger", num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=64)
@@ -40,9 +49,21 @@ class ABLedger:
     def __init__(self) -> None:
         self.stats = ABStats()
         self.since = time.time()
+        self.rollout = RolloutBoard()  # where the rollout controller's weights meet the Routers (app/rollout/board.py)
 
     def add(self, delta: ABStats) -> None:
         self.stats.merge(delta)
+
+    def poll(self, config_id: str, weights: dict[str, float]) -> dict[str, Any] | None:
+        """A Router, about once a second: its user_config as it stands; back, the rollout's weights if any."""
+        return self.rollout.poll(config_id, weights)
+
+    def snapshot(self) -> dict[str, Any]:
+        """For the rollout controller: the evidence so far, its epoch, and what the Routers' configs say."""
+        return {"stats": ABStats(self.stats.variants, self.stats.pairs), "since": self.since, **self.rollout.seen()}
+
+    def set_override(self, override: dict[str, Any] | None) -> None:
+        self.rollout.set(override)
 
     def summary(self) -> dict[str, Any]:
         return {"since": self.since, **self.stats.summary()}
@@ -56,6 +77,40 @@ class ABLedger:
         return self.stats.models
 
 
+@serve.deployment(name="RolloutController", num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=16)
+class RolloutController:
+    """The canary ramp (app/rollout/controller.py) ticking once a second; its state in Ray's internal KV."""
+
+    async def __init__(self, ledger: DeploymentHandle, variants: list[str]) -> None:  # type: ignore[misc]
+        app = serve.get_replica_context().app_name
+        self.service = RolloutService(RolloutPorts(ledger, f"rollout/{app}"), variants)
+        self.metrics = RolloutMetrics()
+        await self.service.restore()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                await self.service.tick()
+                self.metrics.observe(self.service.describe())
+            except Exception as e:  # the ledger or the KV briefly away (a restart, the GCS): try again next tick
+                logger.warning("rollout tick failed: %s: %s", type(e).__name__, e)
+
+    async def start(self, body: Any, router: dict[str, Any] | None = None) -> dict[str, Any]:
+        return await self.service.start(body, router)
+
+    async def get(self) -> dict[str, Any]:
+        return self.service.describe()
+
+    async def abort(self) -> dict[str, Any]:
+        return await self.service.abort()
+
+    def check_health(self) -> None:
+        if self._task.done():  # the loop must never end; if it did, Serve replaces this replica
+            raise RuntimeError(f"the rollout loop ended: {self._task.exception()!r}")
+
+
 @serve.deployment(name="Router", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=256)
 class Router:
     """HTTP ingress: app/http's v1 and V2 handlers over one app/pipeline Pipeline, on Serve's handles."""
@@ -67,10 +122,12 @@ class Router:
         ledger: DeploymentHandle,
         args: dict[str, Any],
         labels: list[str],
+        controller: DeploymentHandle | None = None,
     ) -> None:
-        backend = ServeBackend(preprocessor, classifiers, ledger)
+        backend = ServeBackend(preprocessor, classifiers, ledger, controller)
         self.ingress = Ingress(AppArgs.model_validate(args), backend, sorted(classifiers), labels, replica_id())
         V1(self.ingress)
+        RolloutAPI(self.ingress)
         Docs(self.ingress)
         self.grpc = GRPC(self.ingress, V2(self.ingress))
 

@@ -26,6 +26,8 @@ STATUS: dict[str, int] = {
     "method_not_allowed": 405,
     # 408: the request body did not arrive within RouterConfig.body_timeout_s (or a faster one needed its slot)
     "body_timeout": 408,
+    # 409: a rollout is already running (start), or none is (abort)
+    "conflict": 409,
     # 413: too big, by bytes, pixels or count
     "payload_too_large": 413,
     "too_many_pixels": 413,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from ray.exceptions import RayActorError, TaskCancelledError
@@ -24,11 +25,16 @@ def _lost(e: BaseException) -> ReplicaLost:
 
 class ServeBackend:
     def __init__(
-        self, preprocessor: DeploymentHandle, classifiers: dict[str, DeploymentHandle], ledger: DeploymentHandle
+        self,
+        preprocessor: DeploymentHandle,
+        classifiers: dict[str, DeploymentHandle],
+        ledger: DeploymentHandle,
+        controller: DeploymentHandle | None = None,
     ) -> None:
         self.preprocessor = preprocessor
         self.classifiers = classifiers
         self.ledger = ledger
+        self.controller = controller
 
     def preprocess(self, images: list[bytes], size: int, wall_deadline: float) -> Call:
         return self.preprocessor.many.remote(images, size, wall_deadline)
@@ -58,6 +64,14 @@ class ServeBackend:
     def ledger_model_stats(self) -> Call:
         return self.ledger.model_stats.remote()
 
+    def ledger_poll(self, config_id: str, weights: dict[str, float]) -> Call:
+        return self.ledger.poll.remote(config_id, weights)
+
+    def rollout(self, method: str, *args: Any) -> Call:
+        if self.controller is None:
+            raise ServiceError("not_found", "this application has no rollout controller")
+        return getattr(self.controller, method).remote(*args)
+
     async def result(self, call: Call) -> Any:
         try:
             return await call
@@ -82,3 +96,33 @@ class ServeBackend:
     async def running(self) -> dict[str, int] | None:
         names = {v: f"Classifier_{v}" for v in self.classifiers}
         return await asyncio.to_thread(running_replicas, names)
+
+
+class RolloutPorts:
+    """The rollout controller's I/O (app/rollout/controller.py's Ports): the ledger's board and snapshot, and its
+    state in Ray's internal KV, which lives in the GCS (kept in Redis with GCS fault tolerance), so a restarted
+    controller replica, or a restarted head, finds it."""
+
+    NAMESPACE = "image_classifier"
+
+    def __init__(self, ledger: DeploymentHandle, key: str) -> None:
+        self.ledger = ledger
+        self.key = key.encode()
+
+    async def snapshot(self) -> dict[str, Any]:
+        return dict(await self.ledger.snapshot.remote())
+
+    async def set_override(self, override: dict[str, Any] | None) -> None:
+        await self.ledger.set_override.remote(override)
+
+    async def load(self) -> dict[str, Any] | None:
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        raw = await asyncio.to_thread(_internal_kv_get, self.key, namespace=self.NAMESPACE)
+        return json.loads(raw) if raw else None
+
+    async def save(self, state: dict[str, Any]) -> None:
+        from ray.experimental.internal_kv import _internal_kv_put
+
+        blob = json.dumps(state).encode()
+        await asyncio.to_thread(_internal_kv_put, self.key, blob, True, namespace=self.NAMESPACE)

@@ -11,7 +11,7 @@ from ray.serve import Application
 
 from app.classifier import Classifier
 from app.config import AppArgs, classifier_deployment_name
-from app.deployments import ABLedger, Router
+from app.deployments import ABLedger, RolloutController, Router
 from app.models import ModelFiles
 from app.preprocessor import Preprocessor
 
@@ -79,10 +79,13 @@ def build_app(args: AppArgs) -> Application:
         for name in args.variants
     }
     preprocessor = Preprocessor.bind(args.limits.model_dump())  # type: ignore[attr-defined]
+    ledger = ABLedger.bind()  # type: ignore[attr-defined]
+    controller = RolloutController.bind(ledger, sorted(args.variants))  # type: ignore[attr-defined]
     return Router.bind(  # type: ignore[attr-defined]
         preprocessor,
         classifiers,
-        ABLedger.bind(),  # type: ignore[attr-defined]
+        ledger,
         args.model_dump(),
         load_labels(args),
+        controller,
     )

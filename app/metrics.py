@@ -181,3 +181,31 @@ class ClassifierMetrics:
     def record_provider(self, variant: str, provider: str, requested: list[str]) -> None:
         tags = {"variant": variant, "provider": provider, "requested": ",".join(requested)}
         self.held.replace(self.provider, [(tags, 1)])
+
+
+ROLLOUT_STATES = ("idle", "running", "promoted", "rolled_back", "aborted")
+
+
+class RolloutMetrics:
+    """The rollout controller's gauges: state (its index in ROLLOUT_STATES), step, the candidate's weight, and the
+    agreement bounds of the latest tick (app/rollout/bounds.py)."""
+
+    def __init__(self) -> None:
+        self.state = Gauge("app_rollout_state", description="0 idle, 1 running, 2 promoted, 3 rolled_back, 4 aborted")
+        self.step = Gauge("app_rollout_step", description="index of the rollout's current step")
+        self.weight = Gauge("app_rollout_candidate_weight", description="the candidate's weight now, percent")
+        self.bound = Gauge("app_rollout_agreement_bound", description="top-1 agreement bounds", tag_keys=("end",))
+
+    def observe(self, described: dict[str, object]) -> None:
+        state = str(described.get("state", "idle"))
+        self.state.set(ROLLOUT_STATES.index(state) if state in ROLLOUT_STATES else 0)
+        step = described.get("step")
+        self.step.set(float(step) if isinstance(step, int) else 0.0)
+        spec, weights = described.get("spec"), described.get("weights")
+        if isinstance(spec, dict) and isinstance(weights, dict):
+            self.weight.set(float(weights.get(spec["candidate"], 0.0)))
+        steps = described.get("steps")
+        if isinstance(steps, list) and steps:
+            lo, hi = steps[-1]["ci"]
+            self.bound.set(lo, tags={"end": "lower"})
+            self.bound.set(hi, tags={"end": "upper"})

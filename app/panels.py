@@ -121,6 +121,21 @@ PANELS: tuple[Panel, ...] = (
         "agree/disagree are compared images; dropped (too many shadows in flight) and failed are not.",
     ),
     Panel(
+        "Rollout: candidate weight and agreement bounds (%)",
+        "percent",
+        (
+            Target(f"max(ray_app_rollout_candidate_weight{{{APP}}})", "candidate weight"),
+            Target(f"100 * max by (end) (ray_app_rollout_agreement_bound{{{APP}}})", "agreement {{end}} bound"),
+            Target(
+                f"25 * max(ray_app_rollout_state{{{APP}}})",
+                "state x25 (1 running, 2 promoted, 3 rolled back)",
+                dashed=True,
+            ),
+        ),
+        "The rollout controller (POST /v1/rollout): the candidate's weight now, the anytime-valid 95% bounds of its "
+        "top-1 agreement in the current step, and its state.",
+    ),
+    Panel(
         "Replicas per deployment (healthy; autoscaling target dashed)",
         "short",
         (

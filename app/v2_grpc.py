@@ -41,6 +41,7 @@ GRPC_CODES: dict[int, grpc.StatusCode] = {
     404: grpc.StatusCode.NOT_FOUND,
     405: grpc.StatusCode.UNIMPLEMENTED,
     408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    409: grpc.StatusCode.FAILED_PRECONDITION,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,  # what gRPC itself answers to a message over its size limit
     414: grpc.StatusCode.RESOURCE_EXHAUSTED,
     415: grpc.StatusCode.INVALID_ARGUMENT,

@@ -23,6 +23,7 @@ from app.errors import STATUS, ServiceError
 from app.http import docs
 from app.http.ingress import Ingress
 from app.http.openapi import OPERATIONS, build_openapi
+from app.http.rollout import RolloutAPI
 from app.http.v1 import V1
 from tests.openapi_support import check, component, declared, fits
 
@@ -43,6 +44,7 @@ def route_table() -> tuple[dict[tuple[str, str], Any], set[tuple[str, str]]]:
         config=RouterConfig(weights={"fp32": 1, "int8": 1}),
     )
     V1(cast(Ingress, fake))
+    RolloutAPI(cast(Ingress, fake))
     docs.Docs(cast(Ingress, fake))
     return fake.routes, fake.admin_routes
 
@@ -63,7 +65,7 @@ def test_every_route_of_the_table_is_documented_and_nothing_else() -> None:
     ops = operations(document())
     assert set(ops) == set(routes)
     secured = {k for k, op in ops.items() if op.get("security")}
-    assert secured == admin == {("POST", "/v1/ab/reset")}
+    assert secured == admin == {("POST", "/v1/ab/reset"), ("POST", "/v1/rollout"), ("POST", "/v1/rollout/abort")}
     assert ops[("POST", "/v1/ab/reset")]["security"] == [{"adminBearer": []}]
 
 
@@ -71,7 +73,7 @@ def test_every_error_response_is_the_error_body_with_the_status_tables_codes() -
     doc = document()
     for (method, path), op in operations(doc).items():
         for status, response in op["responses"].items():
-            if status == "200":
+            if status in ("200", "202"):
                 continue
             codes = response["description"].split(", ")
             assert codes and all(STATUS[c] == int(status) for c in codes), (path, status)

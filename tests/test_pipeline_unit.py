@@ -147,6 +147,15 @@ class FakeBackend:
     def ledger_model_stats(self) -> FakeCall:
         return self.describe("")
 
+    def ledger_poll(self, config_id: str, weights: dict[str, float]) -> FakeCall:
+        async def go() -> None:
+            return None
+
+        return FakeCall(go())
+
+    def rollout(self, method: str, *args: Any) -> FakeCall:
+        return self.describe("")
+
     async def result(self, call: Any) -> Any:
         return await call
 

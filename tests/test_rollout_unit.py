@@ -107,7 +107,7 @@ UNIT_MS = [0.15] * 30 + [0.2] * 15 + [0.3] * 5
 def simulate(true_agreement: float, rollouts: int, seed: int) -> dict[str, int]:
     """Spec defaults but step_min_s = 10 ticks of 1 s; each tick brings 50 shadow comparisons and 5,000 requests
     split by the step's weight, both variants equally fast and error-free: agreement alone decides."""
-    spec = RolloutSpec(step_min_s=10)
+    spec = RolloutSpec(candidate="int8", baseline="fp32", step_min_s=10)
     unit = VariantCounts.of(UNIT_MS).latency
 
     @cache  # the same cumulative counts recur in every rollout
@@ -142,7 +142,7 @@ def test_a_candidate_below_the_threshold_is_rarely_promoted_and_one_above_it_usu
 
 # --------------------------------------------------------------------------- decide()
 
-SPEC = RolloutSpec()
+SPEC = RolloutSpec(candidate="int8", baseline="fp32")
 FAST = VariantCounts.of([10.0] * 600)
 
 
@@ -321,11 +321,11 @@ def test_ledger_counts_from_abstats_and_the_record_is_json() -> None:
 )
 def test_the_spec_rejects_nonsense(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
-        RolloutSpec.model_validate(bad)
+        RolloutSpec.model_validate({"candidate": "int8", "baseline": "fp32", **bad})
 
 
 def test_the_spec_defaults_are_the_issues() -> None:
-    assert RolloutSpec().model_dump() == {
+    assert RolloutSpec(candidate="int8", baseline="fp32").model_dump() == {
         "candidate": "int8",
         "baseline": "fp32",
         "steps": [1, 5, 25, 50, 100],

@@ -32,6 +32,10 @@ def exposition(n: int) -> str:
         f'ray_app_shadow_total{{{APP},pair="fp32|int8",outcome="agree"}} {9 * n}',
         f'ray_app_shadow_total{{{APP},pair="fp32|int8",outcome="disagree"}} {n}',
         f'ray_serve_deployment_replica_healthy{{{APP},deployment="Router"}} 1',
+        f"ray_app_rollout_candidate_weight{{{APP}}} 50",
+        f'ray_app_rollout_agreement_bound{{{APP},end="lower"}} 0.96',
+        f'ray_app_rollout_agreement_bound{{{APP},end="upper"}} 0.99',
+        f"ray_app_rollout_state{{{APP}}} 1",
         f'ray_serve_autoscaling_target_replicas{{{APP},deployment="Router"}} 2',
         'ray_component_rss_mb{Component="ray::ServeReplica:classifier:Router",ip="127.0.0.1"} 200',
     ]
@@ -95,6 +99,8 @@ def test_every_panel_is_drawn_from_a_real_prometheus(tmp_path: Path) -> None:
     assert [v for _, v in share[0]["points"]] == pytest.approx([0.5, 0.2, 0.3, 0.0])
     assert last["Shadow agreement rate (top-1)"]["fp32|int8"][1] == pytest.approx(0.9)
     assert last["Replicas per deployment (healthy; autoscaling target dashed)"]["Router target"][1] == 2
+    rollout = last["Rollout: candidate weight and agreement bounds (%)"]
+    assert rollout["candidate weight"][1] == 50 and rollout["agreement lower bound"][1] == pytest.approx(96)
     assert last["Serve replica memory (RSS per deployment and node)"]["Router 127.0.0.1"][1] == 200
     out = render([panels[0], next(p for p in panels if p["share"])], tmp_path / "panels.png", "test")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -27,6 +27,7 @@ from app.metrics import RouterMetrics
 from app.parse_pool import ParsePool
 from app.pipeline.ports import Backend
 from app.pipeline.service import Pipeline
+from app.rollout.board import config_id
 from app.routing import Choice, WeightedSplit, choose_variant
 from app.serve_internals import request_id
 
@@ -46,10 +47,14 @@ class Ingress:
         self.replies = Replies(self.metrics)
         self.rng = random.Random()
         self.pipeline = Pipeline(backend, variants, self.metrics, self.metrics.cancelled.inc, self.rng)
+        self.pipeline.evidence.poller = self.poll_rollout
         self.bodies = BodyGate()  # bodies still arriving: before admission, with their own deadline
         self.parsers = ParsePool()  # large V2 JSON is parsed in a child process (CPython's json holds the GIL)
         self.inflater = ThreadPoolExecutor(max_workers=2, thread_name_prefix="inflate")  # zlib frees the GIL
-        self.cfg: RouterConfig | None = None
+        self.cfg: RouterConfig | None = None  # in force: the user_config, or it with the rollout's weights
+        self.base: RouterConfig | None = None  # the user_config as deployed
+        self.config_id: str | None = None
+        self.override_generation: Any = None
         self.split: WeightedSplit | None = None
         self.admin_token: str | None = None
         self.routes: dict[tuple[str, str], Handler] = {}
@@ -57,12 +62,10 @@ class Ingress:
         self.v2: Callable[[Request, str], Awaitable[Response]] | None = None
 
     def configure(self, cfg: RouterConfig) -> None:
-        unknown = sorted(set(cfg.weights) - set(self.variants))
-        if unknown:
-            raise ValueError(f"user_config.weights names unknown variants {unknown}; deployed: {self.variants}")
-        self.split = WeightedSplit(cfg.weights)
-        self.cfg = cfg
-        self.pipeline.configure(cfg, self.split)
+        """A user_config (deploy time or live); it replaces any rollout weights until the ledger says otherwise."""
+        self._use(cfg)
+        self.base, self.override_generation = cfg, None
+        self.config_id = config_id(cfg.model_dump(mode="json"))
         self.admin_token = admin_token(cfg.admin_token_env)
         if self.admin_token:
             admin = f"token from ${cfg.admin_token_env}"
@@ -72,12 +75,50 @@ class Ingress:
             admin = "open to anyone (allow_unauthenticated_admin)" if cfg.allow_unauthenticated_admin else "disabled"
         logger.info(
             "Router A/B weights %s (sticky %s, override %s, shadow %.2f); admin endpoints: %s",
-            self.split.fractions,
+            cfg.weights,
             cfg.sticky_header,
             "allowed" if cfg.allow_override else "refused",
             cfg.shadow_fraction,
             admin,
         )
+
+    def _use(self, cfg: RouterConfig) -> None:
+        unknown = sorted(set(cfg.weights) - set(self.variants))
+        if unknown:
+            raise ValueError(f"user_config.weights names unknown variants {unknown}; deployed: {self.variants}")
+        self.split = WeightedSplit(cfg.weights)
+        self.cfg = cfg
+        self.pipeline.configure(cfg, self.split)
+
+    async def poll_rollout(self) -> None:
+        """About once a second (after the A/B flush): the rollout controller's weights from the ledger, if any."""
+        if self.base is None or self.config_id is None:
+            return
+        backend = self.pipeline.backend
+        call = backend.ledger_poll(self.config_id, self.base.weights)
+        try:
+            override = await asyncio.wait_for(backend.result(call), 5.0)
+        except Exception as e:  # the ledger is best-effort; serving is not: keep the weights we have
+            call.cancel()
+            logger.debug("rollout poll failed: %s", type(e).__name__)
+            return
+        self.apply_override(override)
+
+    def apply_override(self, override: dict[str, Any] | None) -> None:
+        """The rollout's weights (and its shadow-fraction floor) over this Router's user_config; None: the config's."""
+        generation = override.get("generation") if override else None
+        if generation == self.override_generation or self.base is None:
+            return
+        self.override_generation = generation
+        cfg = self.base
+        if override is not None:
+            update = {
+                "weights": {**cfg.weights, **override["weights"]},
+                "shadow_fraction": max(cfg.shadow_fraction, float(override.get("shadow_fraction") or 0.0)),
+            }
+            cfg = cfg.model_copy(update=update)
+        self._use(cfg)
+        logger.info("rollout: weights %s, shadow %.3f (generation %s)", cfg.weights, cfg.shadow_fraction, generation)
 
     @property
     def config(self) -> RouterConfig:

@@ -16,6 +16,7 @@ from app import __version__
 from app.config import Limits
 from app.errors import RETRY_AFTER_S, STATUS, ServiceError
 from app.http import schemas as s
+from app.rollout.spec import RolloutSpec
 
 REF = "#/components/schemas/{model}"
 ADMIN_SCHEME = "adminBearer"
@@ -47,6 +48,8 @@ class Operation:
     media: str = "application/json"
     body_503: type[BaseModel] = s.ErrorBody  # /readyz adds each variant's readiness
     description: str = ""
+    json_body: type[BaseModel] | None = None  # body "json": this model
+    status: int = 200  # the success status
 
 
 CLASSIFY_ERRORS = (*EVERY, *BODY, *MULTIPART, *IMAGE, *ROUTED, *INFERENCE)
@@ -88,6 +91,46 @@ OPERATIONS: tuple[Operation, ...] = (
         (*EVERY, *ADMIN, *CONTROL),
         admin=True,
         description="Needs `Authorization: Bearer <admin token>` (403 admin_disabled when no token is configured).",
+    ),
+    Operation(
+        "GET",
+        "/v1/rollout",
+        "The rollout: state, step, weights, each step's evidence",
+        "rollout",
+        s.RolloutState,
+        (*EVERY, *CONTROL),
+    ),
+    Operation(
+        "POST",
+        "/v1/rollout",
+        "Start a rollout of a candidate variant against a baseline",
+        "rollout",
+        s.RolloutState,
+        (
+            *EVERY,
+            *BODY,
+            *ADMIN,
+            *CONTROL,
+            "conflict",
+            "invalid_parameter",
+            "unknown_variant",
+            "bad_request",
+            "not_ready",
+        ),
+        "json",
+        admin=True,
+        json_body=RolloutSpec,
+        status=202,
+        description="Every field but `candidate` and `baseline` has a default. 409 conflict while one runs.",
+    ),
+    Operation(
+        "POST",
+        "/v1/rollout/abort",
+        "Abort the running rollout: the weights go back to where it started",
+        "rollout",
+        s.RolloutState,
+        (*EVERY, *ADMIN, *CONTROL, "conflict"),
+        admin=True,
     ),
     Operation("GET", "/healthz", "Alive", "state", s.Health),
     Operation(
@@ -143,6 +186,7 @@ def build_openapi(
 
 def _models() -> list[type[BaseModel]]:
     found = {op.response for op in OPERATIONS if op.response} | {op.body_503 for op in OPERATIONS}
+    found |= {op.json_body for op in OPERATIONS if op.json_body}
     return sorted(found, key=lambda m: m.__name__)
 
 
@@ -178,11 +222,14 @@ class _Paths:
             out["description"] = op.description
         if op.routed:
             out["parameters"] = self.parameters()
-        if op.body:
+        if op.json_body is not None:
+            schema = self.ref[op.json_body]
+            out["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
+        elif op.body:
             out["requestBody"] = self.request_body(op.body)
         if op.admin:
             out["security"] = [{ADMIN_SCHEME: []}]
-        out["responses"] = {"200": self.success(op), **self.errors(op)}
+        out["responses"] = {str(op.status): self.success(op), **self.errors(op)}
         return out
 
     def parameters(self) -> list[dict[str, Any]]:

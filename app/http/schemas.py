@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.config import Limits
 from app.errors import STATUS
+from app.rollout.spec import RolloutSpec
 
 
 class _Body(BaseModel):
@@ -301,3 +302,35 @@ class ModelsResponse(_Body):
     admission: AdmissionInfo
     bodies: BodiesInfo
     json_parsers: ParsersInfo
+
+
+# -- /v1/rollout -----------------------------------------------------------------------------
+
+
+class RolloutStep(_Body):
+    """One step's record: its evidence and what was decided (the latest tick's, while the step runs)."""
+
+    weight: float = Field(description="the candidate's weight at this step, percent")
+    samples: int = Field(description="shadow comparisons in the step")
+    agreement: float | None
+    ci: list[float] = Field(min_length=2, max_length=2, description="anytime-valid 95% bounds of the agreement")
+    p99_ratio: float | None = Field(description="candidate p99 / baseline p99")
+    error_rate_delta: float | None = Field(description="candidate error rate - baseline's")
+    decision: Literal["advance", "hold", "rollback"]
+    at: str = Field(description="UTC, ISO 8601")
+    reason: str = Field(description="which gate decided, or what the step waits for")
+
+
+class RolloutState(_Body):
+    """GET /v1/rollout (and the answer to starting or aborting one)."""
+
+    state: Literal["idle", "running", "promoted", "rolled_back", "aborted"]
+    step: int | None = Field(description="index into spec.steps")
+    weights: dict[str, float] | None = Field(description="the weights the Routers route by now")
+    reason: str
+    steps: list[RolloutStep]
+    spec: RolloutSpec | None = None
+    rollout: int | None = Field(None, description="the rollout's number since the controller started")
+    user_config: dict[str, dict[str, float]] | None = Field(
+        None, description="once promoted or rolled back: the Router user_config block that keeps the final weights"
+    )

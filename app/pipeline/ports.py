@@ -45,6 +45,14 @@ class Backend(Protocol):
 
     def ledger_model_stats(self) -> Call: ...
 
+    def ledger_poll(self, config_id: str, weights: dict[str, float]) -> Call:
+        """This Router's config fingerprint and weights to the ledger; back: the rollout's override, or None."""
+        ...
+
+    def rollout(self, method: str, *args: Any) -> Call:
+        """A call to the rollout controller: start(spec), get(), abort()."""
+        ...
+
     async def result(self, call: Call) -> Any:
         """Await a call: the answer, or ReplicaLost / ServiceError (overloaded, ...) / the cancellation."""
         ...

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from app.abstats import ABStats, compare_top
@@ -31,6 +32,7 @@ class Evidence:
         self.backend = backend
         self.stats = ABStats()
         self._flusher: asyncio.Task[None] | None = None
+        self.poller: Callable[[], Awaitable[None]] | None = None  # run after each flush (the rollout's weights)
 
     def reset(self) -> None:
         self.stats = ABStats()
@@ -56,6 +58,8 @@ class Evidence:
         while True:
             await asyncio.sleep(FLUSH_EVERY_S)
             await self.flush()
+            if self.poller is not None:
+                await self.poller()
 
 
 class Shadow:

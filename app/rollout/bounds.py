@@ -70,6 +70,7 @@ def proportion_bounds(
     log_mixture = _log_beta(a + successes, b + failures) - _log_beta(a, b)
     threshold = math.log(1 / alpha)
     p_hat = successes / n
+
     def edge(out: float) -> float:
         """The set's end between p_hat (inside: log M <= 0) and `out` (log M -> +inf): the last point outside."""
         inside = p_hat

@@ -16,8 +16,8 @@ class RolloutSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    candidate: str = Field("int8", description="the variant being promoted")
-    baseline: str = Field("fp32", description="the variant it is compared with, and returned to on rollback")
+    candidate: str = Field(description="the variant being promoted")
+    baseline: str = Field(description="the variant it is compared with, and returned to on rollback")
     steps: list[float] = Field(
         default_factory=lambda: [1.0, 5.0, 25.0, 50.0, 100.0],
         description="candidate weight in percent at each step; strictly increasing in (0, 100], ending at 100",
