@@ -65,7 +65,7 @@ class Ingress:
         """A user_config (deploy time or live); it replaces any rollout weights until the ledger says otherwise."""
         self._use(cfg)
         self.base, self.override_generation = cfg, None
-        self.config_id = config_id(cfg.model_dump(mode="json"))
+        self.config_id = config_id({"user_config": cfg.model_dump(mode="json"), "variants": self.variants})
         self.admin_token = admin_token(cfg.admin_token_env)
         if self.admin_token:
             admin = f"token from ${cfg.admin_token_env}"
@@ -112,12 +112,17 @@ class Ingress:
         self.override_generation = generation
         cfg = self.base
         if override is not None:
+            weights = {v: float(w) for v, w in override["weights"].items() if v in self.known}
             update = {
-                "weights": {**cfg.weights, **override["weights"]},
+                "weights": {**cfg.weights, **weights},
                 "shadow_fraction": max(cfg.shadow_fraction, float(override.get("shadow_fraction") or 0.0)),
             }
             cfg = cfg.model_copy(update=update)
-        self._use(cfg)
+        try:
+            self._use(cfg)
+        except ValueError as e:  # e.g. every weight 0: keep routing as before, and say why
+            logger.warning("rollout weights %s not applied: %s", override, e)
+            return
         logger.info("rollout: weights %s, shadow %.3f (generation %s)", cfg.weights, cfg.shadow_fraction, generation)
 
     @property

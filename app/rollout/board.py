@@ -32,10 +32,12 @@ class RolloutBoard:
         self.config_changed = False
 
     def set(self, override: dict[str, Any] | None) -> None:
-        """The controller's weights (None: none, the Routers' own config rules)."""
-        self.override = override
-        if override is None or (self.config and override.get("config_id") == self.config[0]):
+        """The controller's weights (None: none, the Routers' own config rules). A redeploy seen under the previous
+        override stays flagged until the controller sets weights for another config, or none."""
+        before = self.override
+        if override is None or before is None or override.get("config_id") != before.get("config_id"):
             self.config_changed = False
+        self.override = override
 
     def poll(self, config_id: str, weights: dict[str, float]) -> dict[str, Any] | None:
         self.config, self.config_seen_at = (config_id, dict(weights)), time.time()

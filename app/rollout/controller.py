@@ -67,8 +67,13 @@ class RolloutService:
         """Resume what a previous replica left (nothing: idle)."""
         saved = await self.ports.load()
         if saved:
-            self.rollout = Rollout.from_dict(saved["rollout"])
-            self.config_id, self.generation = saved["config_id"], int(saved["generation"])
+            rollout = Rollout.from_dict(saved["rollout"])
+            self.generation = int(saved["generation"])
+            missing = {rollout.spec.candidate, rollout.spec.baseline} - set(self.variants)
+            if missing:  # the application was deployed without them: that rollout is over
+                logger.warning("rollout %d dropped: variants %s are no longer deployed", self.generation, missing)
+                return
+            self.rollout, self.config_id = rollout, saved["config_id"]
             logger.info("rollout resumed: %s at step %d", self.rollout.state, self.rollout.step)
 
     async def start(self, body: Any, router: dict[str, Any] | None = None, now: float | None = None) -> dict[str, Any]:
@@ -102,7 +107,7 @@ class RolloutService:
         now = time.time() if now is None else now
         if r.state == "running":
             snap = await self.ports.snapshot()
-            if snap["config_changed"] or (snap["config_id"] not in (None, self.config_id)):
+            if snap["config_changed"]:  # a Router reported another config while our weights were up
                 r.abort("the Routers' user_config was deployed again during the rollout: the deploy wins")
                 logger.warning("rollout %d aborted: %s", self.generation, r.reason)
             else:
