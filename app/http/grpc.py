@@ -21,8 +21,7 @@ from tritonclient.grpc import service_pb2 as pb
 from app import __version__, v2, v2_grpc
 from app.errors import ServiceError
 from app.http.ingress import Ingress
-from app.http.v2 import V2, record_success
-from app.pipeline.service import ms
+from app.http.v2 import V2
 
 logger = logging.getLogger("ray.serve")
 ENDPOINT = "grpc"
@@ -91,7 +90,7 @@ class GRPC:
         return pb.ServerReadyResponse(ready=await self._ready(self.ing.variants))
 
     async def model_ready(self, msg: pb.ModelReadyRequest, headers: Headers) -> pb.ModelReadyResponse:
-        pinned = self._pinned(msg.name, msg.version)
+        pinned = self.rest.pin(msg.name, msg.version or None)
         return pb.ModelReadyResponse(ready=await self._ready([pinned] if pinned else self.ing.variants))
 
     async def _ready(self, variants: list[str]) -> bool:
@@ -101,10 +100,7 @@ class GRPC:
         return v2_grpc.server_metadata(v2.server_metadata(__version__))
 
     async def model_metadata(self, msg: pb.ModelMetadataRequest, headers: Headers) -> pb.ModelMetadataResponse:
-        pinned = self._pinned(msg.name, msg.version)
-        spec = await self.ing.pipeline.spec(pinned or self.ing.variants[0])
-        labels = len(self.ing.labels) or None
-        return v2_grpc.model_metadata(v2.model_metadata(msg.name, [v2.DEFAULT_VERSION], spec, labels))
+        return v2_grpc.model_metadata(await self.rest.metadata_of(msg.name, msg.version or None))
 
     async def model_config(self, msg: pb.ModelConfigRequest, headers: Headers) -> pb.ModelConfigResponse:
         return v2_grpc.model_config(await self.rest.config_of(msg.name, msg.version or None))
@@ -112,15 +108,11 @@ class GRPC:
     async def model_statistics(self, msg: pb.ModelStatisticsRequest, headers: Headers) -> pb.ModelStatisticsResponse:
         return v2_grpc.model_statistics(await self.rest.stats_of(msg.name or None, msg.version or None))
 
-    def _pinned(self, name: str, version: str) -> str | None:
-        ing = self.ing
-        return v2.resolve_model(name, ing.args.model_name, ing.variants, version or None)
-
     # -- inference -----------------------------------------------------------------------
 
     async def infer(self, msg: pb.ModelInferRequest, headers: Headers) -> pb.ModelInferResponse:
         ing, t0 = self.ing, time.perf_counter()
-        pinned = self._pinned(msg.model_name, msg.model_version)
+        pinned = self.rest.pin(msg.model_name, msg.model_version or None)
         size = v2_grpc.request_bytes(msg)  # already received whole by gRPC (its own limit is in configs/serve.env)
         if size > ing.limits.max_body_bytes:
             raise ServiceError(
@@ -137,9 +129,5 @@ class GRPC:
         encoded_from = time.perf_counter()
         outputs, parameters = self.rest.outputs(req, outcome)
         reply = v2_grpc.infer_response(model, v2.DEFAULT_VERSION, req.id, outputs, parameters)
-        done = time.perf_counter()
-        timings = {**outcome.timings(), "total": ms(done - t0)}
-        pipeline.evidence.stats.record_request(outcome.variant, timings["total"], ok=True)
-        record_success(pipeline.evidence.stats.models, model, outcome, req.batch_size, done - t0, done - encoded_from)
-        ing.replies.success(ENDPOINT, outcome.variant, timings)
+        self.rest.account(ENDPOINT, model, req, outcome, t0, encoded_from)
         return reply

@@ -94,12 +94,11 @@ class Ingress:
         """About once a second (after the A/B flush): the rollout controller's weights from the ledger, if any."""
         if self.base is None or self.config_id is None:
             return
-        backend = self.pipeline.backend
-        call = backend.ledger_poll(self.config_id, self.base.weights)
         try:
-            override = await asyncio.wait_for(backend.result(call), 5.0)
+            override = await self.pipeline.ask(
+                self.pipeline.backend.ledger_poll(self.config_id, self.base.weights), 5.0
+            )
         except Exception as e:  # the ledger is best-effort; serving is not: keep the weights we have
-            call.cancel()
             logger.debug("rollout poll failed: %s", type(e).__name__)
             return
         self.apply_override(override)
@@ -196,7 +195,7 @@ class Ingress:
             return Choice(pinned, "model")
         cfg, split = self.config, self.split
         assert split is not None
-        headers = request.headers if isinstance(request, Request) else request
+        headers = _headers(request)
         return choose_variant(
             split,
             self.known,
@@ -212,8 +211,7 @@ class Ingress:
 
     def user(self, request: Request | Headers) -> str | None:
         """Who sent the request, as the sticky header says (None: not said)."""
-        headers = request.headers if isinstance(request, Request) else request
-        return headers.get(self.config.sticky_header)
+        return _headers(request).get(self.config.sticky_header)
 
     def observe_pixels(self, pixels: list[int]) -> None:
         for n in pixels:
@@ -232,3 +230,8 @@ class Ingress:
             },
             "json_parsers": {"started": self.parsers.started, "parsed": self.parsers.parsed},
         }
+
+
+def _headers(request: Request | Headers) -> Headers:
+    """An HTTP request's headers, or another protocol's call's (gRPC metadata) as they are."""
+    return request.headers if isinstance(request, Request) else request

@@ -20,7 +20,6 @@ from app.errors import ServiceError
 from app.http import reading
 from app.http.ingress import Ingress
 from app.http.replies import json_response
-from app.inferstats import ModelStatsTable
 from app.parse_pool import parse_request
 from app.payloads import Pixels
 from app.pipeline.service import Outcome, ms
@@ -81,8 +80,11 @@ class V2:
         return Response(status_code=200)
 
     def _pinned(self, params: Params) -> str | None:
-        ing = self.ing
-        return v2.resolve_model(params["model"], ing.args.model_name, ing.variants, params.get("version") or None)
+        return self.pin(params["model"], params.get("version") or None)
+
+    def pin(self, model: str, version: str | None) -> str | None:
+        """The variant a V2 model name pins (None: A/B routed); 404 for an unknown name or version."""
+        return v2.resolve_model(model, self.ing.args.model_name, self.ing.variants, version)
 
     async def model_ready(self, request: Request, params: Params) -> Response:
         pinned = self._pinned(params)
@@ -90,10 +92,12 @@ class V2:
         return Response(status_code=200)
 
     async def model_metadata(self, request: Request, params: Params) -> Response:
-        pinned = self._pinned(params)
-        spec = await self.ing.pipeline.spec(pinned or self.ing.variants[0])
-        labels = len(self.ing.labels) or None
-        return json_response(v2.model_metadata(params["model"], [v2.DEFAULT_VERSION], spec, labels))
+        return json_response(await self.metadata_of(params["model"], params.get("version") or None))
+
+    async def metadata_of(self, model: str, version: str | None) -> dict[str, Any]:
+        """The protocol's model metadata of one V2 model (REST and gRPC alike)."""
+        spec = await self.ing.pipeline.spec(self.pin(model, version) or self.ing.variants[0])
+        return v2.model_metadata(model, [v2.DEFAULT_VERSION], spec, len(self.ing.labels) or None)
 
     async def model_config(self, request: Request, params: Params) -> Response:
         return json_response(await self.config_of(params["model"], params.get("version") or None))
@@ -101,8 +105,7 @@ class V2:
     async def config_of(self, model: str, version: str | None) -> dict[str, Any]:
         """Triton's model configuration of one V2 model (app/v2_config.py); the A/B model's is its first variant's."""
         ing = self.ing
-        pinned = v2.resolve_model(model, ing.args.model_name, ing.variants, version)
-        variant = pinned or ing.variants[0]
+        variant = self.pin(model, version) or ing.variants[0]
         spec = await ing.pipeline.spec(variant)
         described = await ing.pipeline.ask(ing.pipeline.backend.describe(variant), 5.0)
         return v2_config.model_config(model, spec, len(ing.labels) or None, ing.limits.max_batch_files, described)
@@ -115,7 +118,7 @@ class V2:
         ing = self.ing
         names = list(v2.model_names(ing.args.model_name, ing.variants))
         if model is not None:
-            v2.resolve_model(model, ing.args.model_name, ing.variants, version)
+            self.pin(model, version)  # 404 for an unknown name or version
             names = [model]
         pipeline = ing.pipeline
         table = await pipeline.ask(pipeline.backend.ledger_model_stats(), 5.0)
@@ -156,11 +159,8 @@ class V2:
         out, headers = v2.build_infer_response(
             model, v2.DEFAULT_VERSION, req.id, outputs, req.binary_outputs, parameters
         )
-        done = time.perf_counter()
-        timings = {**outcome.timings(), "total": ms(done - t0)}
-        pipeline.evidence.stats.record_request(outcome.variant, timings["total"], ok=True)
-        record_success(pipeline.evidence.stats.models, model, outcome, req.batch_size, done - t0, done - encoded_from)
-        return Response(out, headers={**headers, **ing.replies.success(ENDPOINT, outcome.variant, timings)})
+        reply_headers = self.account(ENDPOINT, model, req, outcome, t0, encoded_from)
+        return Response(out, headers={**headers, **reply_headers})
 
     async def run(self, req: v2.InferRequest, choice: Choice, received: float) -> Outcome:
         """A parsed request through the pipeline (REST and gRPC alike); the caller holds its admission."""
@@ -198,18 +198,23 @@ class V2:
             parameters["failover"] = True
         return outputs, parameters
 
-
-def record_success(
-    table: ModelStatsTable, model: str, outcome: Outcome, images: int, total_s: float, output_s: float
-) -> None:
-    """One answered request in Triton's statistics (app/inferstats.py says how the timings map)."""
-    table.success(
-        model,
-        images,
-        int(time.time() * 1000),
-        total_s=total_s,
-        queue_s=outcome.queue_ms / 1000,
-        input_s=outcome.preprocess_ms / 1000,
-        infer_s=outcome.inference_ms / 1000,
-        output_s=output_s,
-    )
+    def account(
+        self, endpoint: str, model: str, req: v2.InferRequest, outcome: Outcome, t0: float, encoded_from: float
+    ) -> dict[str, str]:
+        """An answered request (REST or gRPC) in the A/B evidence, Triton's statistics and the metrics; the headers
+        a success carries. t0: the request's start; encoded_from: when encoding the reply began."""
+        done = time.perf_counter()
+        timings = {**outcome.timings(), "total": ms(done - t0)}
+        stats = self.ing.pipeline.evidence.stats
+        stats.record_request(outcome.variant, timings["total"], ok=True)
+        stats.models.success(  # app/inferstats.py says how the timings map
+            model,
+            req.batch_size,
+            int(time.time() * 1000),
+            total_s=done - t0,
+            queue_s=outcome.queue_ms / 1000,
+            input_s=outcome.preprocess_ms / 1000,
+            infer_s=outcome.inference_ms / 1000,
+            output_s=done - encoded_from,
+        )
+        return self.ing.replies.success(endpoint, outcome.variant, timings)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from typing import Any
 
 
@@ -28,7 +27,6 @@ class RolloutBoard:
     def __init__(self) -> None:
         self.override: dict[str, Any] | None = None  # {"weights", "shadow_fraction", "config_id", "generation"}
         self.config: tuple[str, dict[str, float]] | None = None  # the latest Router config seen
-        self.config_seen_at = 0.0
         self.config_changed = False
 
     def set(self, override: dict[str, Any] | None) -> None:
@@ -40,7 +38,7 @@ class RolloutBoard:
         self.override = override
 
     def poll(self, config_id: str, weights: dict[str, float]) -> dict[str, Any] | None:
-        self.config, self.config_seen_at = (config_id, dict(weights)), time.time()
+        self.config = (config_id, dict(weights))
         ov = self.override
         if ov is not None and ov.get("config_id") != config_id:
             self.override, self.config_changed = None, True  # redeployed under the rollout: the deploy wins
@@ -53,6 +51,5 @@ class RolloutBoard:
         return {
             "config_id": cid,
             "weights": weights,
-            "config_seen_at": self.config_seen_at,
             "config_changed": self.config_changed,
         }
