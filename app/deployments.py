@@ -40,6 +40,7 @@ from app.serve_internals import replica_id
 
 logger = logging.getLogger("ray.serve")
 TICK_S = 1.0  # the rollout controller's decision period
+START_POLL_S = 2.0  # how long a starting Router waits for the ledger's rollout weights before serving anyway
 
 
 @serve.deployment(name="ABLedger", num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=64)
@@ -131,9 +132,15 @@ class Router:
         Docs(self.ingress)
         self.grpc = GRPC(self.ingress, V2(self.ingress))
 
-    def reconfigure(self, config: dict[str, Any]) -> None:
-        """user_config, live: weights, headers, deadlines, limits of the pipeline (no restart)."""
+    async def reconfigure(self, config: dict[str, Any]) -> None:
+        """user_config, live: weights, headers, deadlines, limits of the pipeline (no restart).
+
+        Then one rollout poll before traffic (Serve runs this before a replica takes any): a Router that replaces
+        a lost one routes by a running rollout's weights from its first request, not by the config's for a
+        second. A new config's poll finds no weights for it (the deploy wins), and a ledger not up yet costs at
+        most START_POLL_S."""
         self.ingress.configure(RouterConfig.model_validate(config))
+        await self.ingress.poll_rollout(START_POLL_S)
 
     async def __call__(self, request: Request) -> Response:
         return await self.ingress(request)

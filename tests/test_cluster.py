@@ -5,7 +5,8 @@ No real GPU exists here. The GPU node only *declares* `num_gpus=1` (a Ray resour
 device), so this checks placement and what a replica does when it was granted a GPU that
 ONNX Runtime cannot use: it must fall back to CPU and say so, or refuse to start with
 `require_gpu`. The head keeps the GCS's tables in a real Redis (GCS fault tolerance, as the RayService
-does), and one test kills the GCS under load. Run separately from the session cluster: `pytest -m cluster`.
+does), and one test kills the GCS under load, with a rollout running. Run separately from the session
+cluster: `pytest -m cluster`.
 """
 
 from __future__ import annotations
@@ -406,6 +407,12 @@ def test_the_gcs_killed_under_load_and_restarted_from_redis_loses_no_request_and
     head, redis = cluster["cluster"].head_node, cluster["redis"]
     assert redis.keys() > 0  # the GCS's tables are in Redis
     before, counts_before = serve_state(), ledger()
+    # A rollout running across the outage (started through the controller's handle: prod.yaml's admin routes need a
+    # token this cluster's Routers do not have). It holds at its first step; its state is in the GCS's KV.
+    controller = driver_handle("RolloutController", "classifier")
+    spec = {"candidate": "int8", "baseline": "fp32", "steps": [10, 100], "min_samples": 25, "step_min_s": 3600}
+    rollout = wait_until(lambda: controller.start.remote(spec).result(timeout_s=30), 30, 1.0, "a rollout started")
+    assert rollout["state"] == "running" and rollout["step"] == 0
     out: list[Outcome] = []
     t_load = time.perf_counter()  # the load's own clock (Outcome.t) starts here, within a millisecond
     load = in_thread(closed_loop, GCS_OUTAGE_S + 25.0, 4, out)
@@ -457,3 +464,15 @@ def test_the_gcs_killed_under_load_and_restarted_from_redis_loses_no_request_and
     ray.kill(ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve"), no_restart=False)
     wait_until(lambda: serve_state() == before, 90, 1.0, "controller recovered its applications")
     assert asyncio.run(_probe()).status == 200
+    # The rollout's state came back with the GCS: a new rollout controller replica reads it from the KV and
+    # resumes the same rollout at the same step.
+    (name,) = [n for n in serve_state()["replicas"] if "#RolloutController#" in n]
+    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+    resumed = wait_until(lambda: name not in serve_state()["replicas"] and rollout_now(), 90, 1.0, "a new controller")
+    assert resumed["rollout"] == rollout["rollout"] and resumed["state"] == "running" and resumed["step"] == 0
+    assert controller.abort.remote().result(timeout_s=30)["state"] == "aborted"
+
+
+def rollout_now() -> dict[str, Any] | None:
+    r = httpx.get(URL + "/v1/rollout", timeout=30)
+    return r.json() if r.status_code == 200 else None

@@ -489,6 +489,21 @@ def test_only_the_sampled_rows_are_rerun_and_disagreement_is_recorded() -> None:
     run(go())
 
 
+def test_a_rollouts_pair_is_shadowed_on_each_other_and_other_variants_as_before() -> None:
+    async def go() -> None:
+        backend = FakeBackend()
+        shadow = Shadow(backend, ["fp32", "int8", "mobilenet"], Evidence(backend), Metrics(), random.Random(0))
+        px = Pixels(np.array([[0]]), 0, {}, [0])
+        assert [shadow.partner(v) for v in ("fp32", "int8", "mobilenet")] == ["int8", "fp32", "fp32"]
+        shadow.pair = ("mobilenet", "fp32")  # a rollout of mobilenet against fp32
+        assert [shadow.partner(v) for v in ("fp32", "int8", "mobilenet")] == ["mobilenet", "fp32", "fp32"]
+        shadow.maybe(scores("fp32", 1), px, 1.0, max_in_flight=4)
+        await until(lambda: not shadow.running)
+        assert backend.classified == [("mobilenet", 1)]
+
+    run(go())
+
+
 def test_evidence_flushes_its_delta_to_the_ledger_and_survives_a_ledger_outage() -> None:
     async def go() -> None:
         backend = FakeBackend()

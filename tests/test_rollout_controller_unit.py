@@ -176,3 +176,17 @@ def test_the_relaying_routers_config_starts_it_before_any_router_has_polled() ->
     assert e.value.code == "not_ready" and e.value.status == 503
     state = run(service.start(FAST, {"config_id": ledger.cid, "weights": CONFIG["weights"]}, now=99.0))
     assert state["state"] == "running" and ledger.board.poll(ledger.cid, CONFIG["weights"])["weights"]["int8"] == 50
+
+
+def test_a_pair_without_traffic_is_refused_and_the_override_names_the_pair_to_shadow() -> None:
+    ledger = FakeLedger()
+    ledger.board.poll(ledger.cid, {"fp32": 0.0, "int8": 0.0, "mobilenet": 1.0})
+    service = RolloutService(ledger, [*VARIANTS, "mobilenet"])
+    with pytest.raises(ServiceError) as e:
+        run(service.start(FAST, now=99.0))
+    assert e.value.code == "conflict" and "no traffic" in e.value.message and service.rollout is None
+    ledger.board.poll(ledger.cid, CONFIG["weights"])
+    run(service.start(FAST, now=99.0))
+    assert ledger.board.poll(ledger.cid, CONFIG["weights"])["pair"] == ["int8", "fp32"]
+    run(service.abort())
+    assert ledger.board.poll(ledger.cid, CONFIG["weights"]) is None

@@ -1,7 +1,7 @@
 """The rollout controller on the real app (configs/local.yaml, real models, real HTTP): a candidate promoted on
-live shadow evidence, one rolled back on latency, a second rollout refused, abort, and a controller replica
-killed mid-rollout that resumes at the same step. Steps, samples and times are shrunk; the rules are those of
-tests/test_rollout_unit.py, unchanged."""
+live shadow evidence, one rolled back on latency, a second rollout refused, abort, a controller replica killed
+mid-rollout that resumes at the same step, and a killed Router whose replacement routes by the rollout's weights.
+Steps, samples and times are shrunk; the rules are those of tests/test_rollout_unit.py, unchanged."""
 
 from __future__ import annotations
 
@@ -144,6 +144,40 @@ def test_a_killed_controller_resumes_at_the_same_step(local_app: ServeDeployer, 
     assert after["state"] == "running" and after["spec"] == before["spec"]
     # the evidence collected so far was kept: the step's samples only grow
     wait_until(lambda: state(local_app)["steps"][-1]["samples"] >= before["steps"][-1]["samples"], 30, 0.5, "samples")
+
+
+def test_a_killed_router_is_replaced_by_one_that_routes_by_the_rollouts_weights(
+    local_app: ServeDeployer, traffic: None
+) -> None:
+    spec = {**FAST, "steps": [10, 50, 100], "step_min_s": 3600}  # holds at 10%: the weights the new Router needs
+    assert httpx.post(local_app.url + "/v1/rollout", json=spec, timeout=30).status_code == 202
+    wait_until(lambda: fractions(local_app) == {"fp32": 0.9, "int8": 0.1}, 30, 0.5, "the first step's weights")
+    wait_until(lambda: state(local_app)["steps"][-1]["samples"] > 5, 60, 0.5, "evidence")
+    before = state(local_app)
+    old = router_actor()
+    kill("#Router#")
+    seen: list[dict[str, float]] = []
+
+    def replaced() -> bool:  # every answer of the new Router, from its first, routes by the rollout's weights
+        if router_actor() in (None, old):
+            return False
+        try:
+            seen.append(fractions(local_app))
+        except httpx.HTTPError:  # HAProxy still pointing at the dead replica, or the new one not listening yet
+            return False
+        return len(seen) >= 3
+
+    wait_until(replaced, 120, 0.2, "a new Router replica answering")
+    assert all(f == {"fp32": 0.9, "int8": 0.1} for f in seen), seen
+    after = state(local_app)
+    assert after["rollout"] == before["rollout"] and after["state"] == "running" and after["step"] == 0
+    # the step's evidence goes on from where it was (what the dead Router had not flushed, at most ~1 s, is lost)
+    wait_until(lambda: state(local_app)["steps"][-1]["samples"] > before["steps"][-1]["samples"], 60, 0.5, "samples")
+
+
+def router_actor() -> str | None:
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "#Router#" in a["name"]]
+    return names[0] if len(names) == 1 else None
 
 
 def kill(deployment_mark: str) -> None:

@@ -344,3 +344,16 @@ def test_the_rollout_package_imports_neither_ray_nor_starlette() -> None:
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
             names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
             assert not [m for m in names if m.split(".")[0] in ("ray", "starlette")], path
+
+
+def test_with_a_third_variant_the_step_is_the_candidates_share_of_the_pairs_traffic() -> None:
+    start = {"int8": 0.0, "fp32": 60.0, "mobilenet": 40.0}
+    r = Rollout(SPEC, start)
+    for step, want in [(0, {"int8": 0.6, "fp32": 59.4}), (2, {"int8": 15.0, "fp32": 45.0}), (4, {"int8": 60.0})]:
+        r.step = step
+        w = r.weights()
+        assert w["mobilenet"] == 40.0 and sum(w.values()) == pytest.approx(100.0)  # the bystander keeps its share
+        assert w["int8"] / sum(w.values()) == pytest.approx(SPEC.steps[step] / 100 * 0.6)
+        assert {k: w[k] for k in want} == pytest.approx(want)
+    r.state = "rolled_back"
+    assert r.weights() == {"int8": 0.0, "fp32": 60.0, "mobilenet": 40.0}

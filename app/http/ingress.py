@@ -90,13 +90,13 @@ class Ingress:
         self.cfg = cfg
         self.pipeline.configure(cfg, self.split)
 
-    async def poll_rollout(self) -> None:
+    async def poll_rollout(self, timeout_s: float = 5.0) -> None:
         """About once a second (after the A/B flush): the rollout controller's weights from the ledger, if any."""
         if self.base is None or self.config_id is None:
             return
         try:
             override = await self.pipeline.ask(
-                self.pipeline.backend.ledger_poll(self.config_id, self.base.weights), 5.0
+                self.pipeline.backend.ledger_poll(self.config_id, self.base.weights), timeout_s
             )
         except Exception as e:  # the ledger is best-effort; serving is not: keep the weights we have
             logger.debug("rollout poll failed: %s", type(e).__name__)
@@ -110,6 +110,8 @@ class Ingress:
             return
         self.override_generation = generation
         cfg = self.base
+        pair = override.get("pair") if override else None
+        self.pipeline.shadow.pair = (pair[0], pair[1]) if pair and set(pair) <= set(self.variants) else None
         if override is not None:
             weights = {v: float(w) for v, w in override["weights"].items() if v in self.known}
             update = {

@@ -77,6 +77,13 @@ class Shadow:
         self.metrics = metrics
         self.rng = rng or random.Random()
         self.running: set[asyncio.Task[None]] = set()
+        self.pair: tuple[str, str] | None = None  # a rollout's candidate and baseline: shadowed on each other
+
+    def partner(self, variant: str) -> str:
+        """The variant a request answered by `variant` is shadowed on: its rollout partner, else the first other."""
+        if self.pair is not None and variant in self.pair:
+            return self.pair[1] if variant == self.pair[0] else self.pair[0]
+        return next(v for v in self.variants if v != variant)
 
     def maybe(self, primary: Scores, pixels: Call | Any, fraction: float, max_in_flight: int) -> list[int]:
         """Sample rows of `primary` and re-run them on the other variant in the background; the rows sampled."""
@@ -85,7 +92,7 @@ class Shadow:
         rows = [i for i in range(len(primary.top)) if self.rng.random() < fraction]
         if not rows:
             return []
-        other = next(v for v in self.variants if v != primary.variant)
+        other = self.partner(primary.variant)
         if len(self.running) >= max_in_flight:  # shed shadows first under load
             self._lost(primary.variant, other, rows, "dropped")
             return rows

@@ -85,9 +85,16 @@ class RolloutService:
         seen = router if router and router.get("config_id") else await self.ports.snapshot()
         if seen["config_id"] is None:
             raise ServiceError("not_ready", "no Router has reported its configuration yet; retry in a second")
-        self.config_id, self.generation = seen["config_id"], self.generation + 1
         start_weights = {v: float(seen["weights"].get(v, 0.0)) for v in self.variants}
-        self.rollout, self._rate = Rollout(spec, start_weights), None
+        rollout = Rollout(spec, start_weights)
+        if rollout.pair_share <= 0:
+            raise ServiceError(
+                "conflict",
+                f"{spec.candidate} and {spec.baseline} carry no traffic (weights {start_weights}): the ramp moves "
+                "the baseline's share to the candidate; give the baseline a weight first",
+            )
+        self.config_id, self.generation = seen["config_id"], self.generation + 1
+        self.rollout, self._rate = rollout, None
         logger.info("rollout %d started: %s", self.generation, spec.model_dump(mode="json"))
         await self.tick(now)
         return self.describe()
@@ -149,6 +156,7 @@ class RolloutService:
         return {
             "weights": r.weights(),
             "shadow_fraction": self.shadow_floor() if running else 0.0,
+            "pair": [r.spec.candidate, r.spec.baseline] if running else None,  # whom the shadows compare
             "config_id": self.config_id,
             "generation": f"{self.generation}.{r.state}.{r.step}",
         }

@@ -95,9 +95,18 @@ class Rollout:
         cand, base = self.spec.candidate, self.spec.baseline
         if self.spec.dry_run or self.state == "aborted":
             return dict(self.start_weights)
-        if self.state == "rolled_back":
-            return {**self.start_weights, cand: 0.0, base: 100.0}
-        return {**self.start_weights, cand: self.weight, base: 100.0 - self.weight}
+        # In percent of all traffic. The step's weight is the candidate's percentage of the traffic the pair had at
+        # the start (all of it with two variants); any other variant keeps its own share.
+        total = sum(self.start_weights.values())
+        percent = {v: round(w * 100.0 / total, 6) for v, w in self.start_weights.items()}
+        pair = self.pair_share * 100.0 / total
+        w = 0.0 if self.state == "rolled_back" else self.weight
+        return {**percent, cand: round(pair * w / 100.0, 6), base: round(pair * (100.0 - w) / 100.0, 6)}
+
+    @property
+    def pair_share(self) -> float:
+        """The weight the candidate and the baseline had together at the start (the traffic the ramp moves)."""
+        return self.start_weights.get(self.spec.candidate, 0.0) + self.start_weights.get(self.spec.baseline, 0.0)
 
     def step_evidence(self, counts: LedgerCounts, now: float) -> StepEvidence:
         """This step's evidence, starting the step's clock and snapshot at its first tick and after a ledger reset
