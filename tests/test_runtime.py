@@ -243,6 +243,16 @@ def test_speed_gate_judges_both_ways() -> None:
     assert not bad.passed and "below min_speedup 2.5x" in bad.message() and "200.0 img/s" in bad.message()
 
 
+def test_speed_gate_against_a_baseline_that_reads_zero_img_per_s_stays_a_finite_number() -> None:
+    # 16 images in 400 s: 0.04 img/s, which rounds to 0.0; the ratio must come from the times, and stay finite
+    crawling = Throughput(16, 1, 400_000.0, 0.0)
+    verdict = judge("int8", SpeedGate("fp32", 1.2, "warn"), Throughput(16, 1, 10.0, 1600.0), crawling)
+    assert verdict.passed and verdict.speedup == 40_000.0
+    assert json.loads(json.dumps(verdict.describe(), allow_nan=False))["speedup"] == 40_000.0
+    stuck = judge("int8", SpeedGate("fp32", 1.2, "warn"), Throughput(16, 1, 0.0, 0.0), Throughput(16, 1, 0.0, 0.0))
+    assert stuck.speedup == 0.0 and not stuck.passed  # nothing measured: no speed-up claimed
+
+
 def test_speed_gate_on_real_engines_judges_the_measured_ratio(model_files) -> None:  # type: ignore[no-untyped-def]
     """INT8 vs FP32 on the CPU EP, measured here: within 10x of each other, so 0.1x passes and 50x fails."""
     mine = open_engine("int8", str(model_files.int8), RuntimeOptions(prefer_gpu=False, engine="cpu")).engine

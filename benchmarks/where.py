@@ -1,0 +1,301 @@
+"""Where a target's CPU goes: one wrk step, and each of its processes' CPU per image served.
+
+    python -m benchmarks.where --targets app_ortcpu,triton --workload v2 --concurrency 32
+    python -m benchmarks.where --targets app_ortcpu --workload v2batch --concurrency 8 --py-spy
+
+Starts each target as `make bench` does (`benchmarks.run.run_target`: a private Ray, configs/serve.env), runs one
+closed-loop wrk step of a workload of benchmarks.run.WORKLOADS, and reads the CPU time of every process the target
+started around the measured window. Processes are named by role: a Serve replica by its deployment, then HAProxy,
+Ray's daemons (raylet, GCS, dashboard and its agents), Triton's server and stubs. With `--py-spy`, each replica is
+also sampled by `py-spy record` for the window (collapsed stacks, and in the JSON the hottest functions and the
+share of samples by package: ours, Ray Serve, Ray core, gRPC, the HTTP server, ...).
+Writes benchmarks/results/<stamp>-<host>-where.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from benchmarks import cost
+from benchmarks.environment import RESULTS_DIR, host_name, stamp
+from benchmarks.load import wrk_step
+from benchmarks.report import markdown_table, pyplot, save_figure
+from benchmarks.run import PY, TARGETS, WORKLOADS, Target, run_target, workload
+from benchmarks.server_process import ServerProcess
+
+ROLES = (  # (pattern on the process's argv, its role); the first match names it
+    (r"ray::ServeReplica:[^:]+:(\w+)", r"\1"),
+    (r"ray::ServeController", "Serve controller"),
+    (r"haproxy", "HAProxy"),
+    (r"raylet", "raylet"),
+    (r"gcs_server", "GCS"),
+    (r"dashboard/agent|dashboard_agent|runtime_env/agent", "dashboard agents"),
+    (r"dashboard", "dashboard"),
+    (r"log_monitor|monitor\.py", "Ray monitors"),
+    (r"triton_python_backend_stub", "Triton Python stubs"),
+    (r"tritonserver", "tritonserver"),
+    (r"^(ray::\w+)", r"\1"),  # another Ray worker or actor, by its title
+)
+
+
+def role(argv: tuple[str, ...] | list[str]) -> str:
+    """A process's role, from its command line (a Ray worker's argv[0] is its title)."""
+    line = " ".join(argv)
+    for pattern, name in ROLES:
+        if m := re.search(pattern, line):
+            return m.expand(name)
+    return "the started process (a peer: its Python) and others"
+
+
+def cpu_by_role(pids: dict[int, float]) -> dict[str, float]:
+    """CPU seconds so far per role, over these processes (pid -> creation time; a reused pid is skipped)."""
+    out: dict[str, float] = defaultdict(float)
+    for pid, created in pids.items():
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(pid)
+            if abs(p.create_time() - created) > 1.0:
+                continue
+            out[role(p.cmdline())] += cost.process_cpu_s(p)
+    return dict(out)
+
+
+def py_spy(pids: dict[str, int], seconds: float, out_dir: Path) -> dict[str, subprocess.Popen[bytes]]:
+    """Start `py-spy record` on each replica for `seconds`: only samples of a thread holding the GIL (Python running;
+    a thread waiting in C, or running C that released the GIL (ONNX Runtime, OpenCV, gRPC's core), is not sampled)."""
+    exe = shutil.which("py-spy") or str(Path(PY).parent / "py-spy")
+    procs = {}
+    for name, pid in pids.items():
+        cmd = [exe, "record", "-p", str(pid), "-d", str(max(1, round(seconds))), "-r", "100", "--gil", "-f", "raw"]
+        procs[name] = subprocess.Popen(  # collapsed stacks: any flame graph tool draws them
+            [*cmd, "-o", str(out_dir / f"{name}.txt"), "--nonblocking"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    return procs
+
+
+PACKAGES = (  # (pattern on a frame's file, its group), the first match names it
+    (r"[(/]app/", "app (ours)"),
+    (r"ray/serve/", "Ray Serve"),
+    (r"ray/", "Ray core"),
+    (r"grpc", "gRPC"),
+    (r"starlette|uvicorn|httptools|h11", "HTTP server"),
+    (r"onnxruntime|openvino", "engine"),
+    (r"numpy|cv2", "numpy/OpenCV"),
+    (r"asyncio/|concurrent/|threading\.py|selectors\.py", "asyncio and threads"),
+)
+
+
+def package(frame: str) -> str:
+    for pattern, name in PACKAGES:
+        if re.search(pattern, frame):
+            return name
+    return "other Python"
+
+
+def by_package(raw: Path) -> dict[str, dict[str, float]]:
+    """Where a replica's samples were, by package: `self` the innermost frame's (what ran), `under` any frame's
+    on the stack (what it was done for; a sample counts once per package)."""
+    own: Counter[str] = Counter()
+    under: Counter[str] = Counter()
+    total = 0
+    with contextlib.suppress(OSError):
+        for line in raw.read_text().splitlines():
+            stack, _, samples = line.rpartition(" ")
+            if not samples.isdigit() or not stack:
+                continue
+            k, frames = int(samples), stack.split(";")
+            total += k
+            own[package(frames[-1])] += k
+            for name in {package(f) for f in frames}:
+                under[name] += k
+    if not total:
+        return {}
+    share = lambda c: {n: round(v / total, 3) for n, v in c.most_common()}  # noqa: E731
+    return {"self": share(own), "under": share(under), "samples": {"n": float(total)}}
+
+
+def hottest(raw: Path, n: int = 12) -> list[tuple[str, float]]:
+    """The functions that were on the stack most (inclusive share of samples), from py-spy's raw output."""
+    counts: Counter[str] = Counter()
+    total = 0
+    with contextlib.suppress(OSError):
+        for line in raw.read_text().splitlines():
+            stack, _, samples = line.rpartition(" ")
+            if not samples.isdigit():
+                continue
+            k = int(samples)
+            total += k
+            for frame in set(stack.split(";")):
+                counts[re.sub(r" \(.*?/(site-packages|lib/python3\.\d+)/", " (", frame)] += k
+    return [(f, round(c / total, 3)) for f, c in counts.most_common(n)] if total else []
+
+
+def measure(t: Target, name: str, concurrency: int, seconds: float, spy_dir: Path | None) -> Any:
+    def steps(t: Target, plan: dict[str, Any], server: ServerProcess) -> list[dict[str, Any]]:
+        server.snapshot_family()
+        replicas = {
+            role(p.cmdline()): p.pid
+            for pid in server.family
+            if (p := _proc(pid)) is not None and p.cmdline() and p.cmdline()[0].startswith("ray::ServeReplica:")
+        }
+        wl = workload(t, name, "fp32", plan["timeout_s"])
+        before: dict[str, float] = {}
+        spies: dict[str, subprocess.Popen[bytes]] = {}
+
+        def cpu() -> float:  # called by wrk_step just before and just after the measured run
+            nonlocal before, spies
+            now = cpu_by_role(server.family)
+            if not before:
+                before = now
+                if spy_dir is not None:
+                    spies = py_spy(replicas, seconds, spy_dir)
+            return sum(now.values())
+
+        step = wrk_step(wl, concurrency, seconds, plan["warmup_s"], cpu)
+        after = cpu_by_role(server.family)
+        for p in spies.values():
+            p.wait(timeout=60)
+        images = step["images_per_s"] * step["window_s"]
+        step["cpu_ms_per_image_by_role"] = {
+            r: round((after[r] - before.get(r, 0.0)) * 1000 / images, 2) for r in sorted(after) if images
+        }
+        if spy_dir is not None:
+            step["py_spy"] = {r: hottest(spy_dir / f"{r}.txt") for r in replicas}
+            step["py_spy_by_package"] = {r: by_package(spy_dir / f"{r}.txt") for r in replicas}
+        return [step]
+
+    plan = {"timeout_s": 30.0, "warmup_s": 2.0}
+    with tempfile.TemporaryDirectory(prefix="where-") as logs:
+        return run_target(t, plan, Path(logs), steps)
+
+
+def _proc(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+def to_markdown(result: dict[str, Any]) -> str:
+    rows: dict[str, dict[str, float]] = {}
+    names = []
+    for t in result["targets"]:
+        if t.get("error") or not t.get("steps"):
+            continue
+        names.append(t["name"])
+        for r, ms in t["steps"][0]["cpu_ms_per_image_by_role"].items():
+            rows.setdefault(r, {})[t["name"]] = ms
+    table = [[r, *(rows[r].get(n, "") for n in names)] for r in sorted(rows, key=lambda r: -max(rows[r].values()))]
+    table.append(["**all**", *(round(sum(v.get(n, 0.0) for v in rows.values()), 2) for n in names)])
+    tput = [
+        "images/s",
+        *(round(t["steps"][0]["images_per_s"], 1) for t in result["targets"] if t.get("steps") and not t.get("error")),
+    ]
+    env = " ".join(f"{k}={v}" for k, v in result.get("env", {}).items())
+    head = f"# CPU ms per image by process, {result['workload']} at c={result['concurrency']} {env}\n\n"
+    return head + markdown_table(["process", *names], [tput, *table]) + "\n" + spy_markdown(result)
+
+
+def spy_markdown(result: dict[str, Any]) -> str:
+    """Per replica sampled: its Python time (samples holding the GIL) by the package of the innermost frame."""
+    out = []
+    for t in result["targets"]:
+        spied = (t.get("steps") or [{}])[0].get("py_spy_by_package") or {}
+        rows = {r: v for r, v in spied.items() if v and v["samples"]["n"] >= 20}  # idle replicas say nothing
+        if not rows:
+            continue
+        groups = [name for _, name in PACKAGES] + ["other Python"]
+        table = [
+            [r, int(v["samples"]["n"]), *(f"{v['self'].get(g, 0.0):.0%}" for g in groups)] for r, v in rows.items()
+        ]
+        out.append(
+            f"\n## {t['name']}: where each replica's Python time went (py-spy, GIL held, by innermost frame)\n\n"
+            + markdown_table(["replica", "samples", *groups], table)
+            + "\n"
+        )
+    return "".join(out)
+
+
+def plot(result: dict[str, Any], png: Path) -> Path:
+    """One stacked bar per target: its CPU ms per image, by role (the small ones together)."""
+    plt = pyplot()
+    done = [t for t in result["targets"] if t.get("steps") and not t.get("error")]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    roles: dict[str, list[float]] = {}
+    for i, t in enumerate(done):
+        for r, ms in t["steps"][0]["cpu_ms_per_image_by_role"].items():
+            key = r if ms >= 1.0 else "the rest (< 1 ms each)"
+            roles.setdefault(key, [0.0] * len(done))[i] += ms
+    bottom = [0.0] * len(done)
+    for r, values in sorted(roles.items(), key=lambda kv: -max(kv[1])):
+        ax.bar([t["name"] for t in done], values, bottom=bottom, label=r)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    for i, t in enumerate(done):
+        label = f"{bottom[i]:.1f} ms, {t['steps'][0]['images_per_s']:.0f} img/s"
+        ax.text(i, bottom[i], label, ha="center", va="bottom")
+    ax.set_ylabel("server CPU ms per image")
+    ax.set_title(f"CPU per image by process: {result['workload']}, c={result['concurrency']}")
+    ax.set_ylim(0, max(bottom, default=1.0) * 1.45)  # room above the bars for the legend
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
+    return save_figure(fig, png)
+
+
+def render(path: Path) -> str:
+    """The markdown and the plot of a saved run (its JSON), written beside it."""
+    result = json.loads(path.read_text())
+    md = to_markdown(result)
+    path.with_suffix(".md").write_text(md)
+    plot(result, path.with_suffix(".png"))
+    return md
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--targets", default="app_ortcpu,triton", help="keys of benchmarks.run.TARGETS")
+    ap.add_argument("--workload", default="v2", choices=sorted(WORKLOADS))
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--duration", type=float, default=10.0, help="measured seconds")
+    ap.add_argument("--py-spy", action="store_true", help="also sample each Serve replica with py-spy")
+    ap.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    ap.add_argument(
+        "--env", action="append", default=[], metavar="KEY=VALUE", help="set for the targets (beyond serve.env)"
+    )
+    args = ap.parse_args(argv)
+    env = dict(kv.split("=", 1) for kv in args.env)
+    os.environ.update(env)  # every target's processes inherit it; configs/serve.env's own keys still win
+    by_key = {t.key: t for t in TARGETS}
+    stem = args.out_dir / f"{stamp()}-{host_name()}-where"
+    spy_root = Path(f"{stem}-py-spy") if args.py_spy else None
+    targets = []
+    for key in args.targets.split(","):
+        spy_dir = None
+        if spy_root is not None:
+            spy_dir = spy_root / key
+            spy_dir.mkdir(parents=True, exist_ok=True)
+        targets.append(measure(by_key[key], args.workload, args.concurrency, args.duration, spy_dir))
+    result = {"workload": args.workload, "concurrency": args.concurrency, "env": env, "targets": targets}
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    Path(f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+    md = to_markdown(result)
+    Path(f"{stem}.md").write_text(md)
+    plot(result, Path(f"{stem}.png"))
+    print(md)
+    return 1 if any(t.get("error") for t in targets) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
