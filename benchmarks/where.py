@@ -32,7 +32,7 @@ import psutil
 from benchmarks import cost
 from benchmarks.environment import RESULTS_DIR, host_name, stamp
 from benchmarks.load import wrk_step
-from benchmarks.report import markdown_table, pyplot, save_figure
+from benchmarks.report import markdown_table, pyplot, save_figure, write_report
 from benchmarks.run import PY, TARGETS, WORKLOADS, Target, run_target, workload
 from benchmarks.server_process import ServerProcess
 
@@ -258,8 +258,9 @@ def render(path: Path) -> str:
     """The markdown and the plot of a saved run (its JSON), written beside it."""
     result = json.loads(path.read_text())
     md = to_markdown(result)
-    path.with_suffix(".md").write_text(md)
-    plot(result, path.with_suffix(".png"))
+    stem = str(path).removesuffix(".json")  # not with_suffix: a host name in the stem may hold dots
+    Path(f"{stem}.md").write_text(md)
+    plot(result, Path(f"{stem}.png"))
     return md
 
 
@@ -289,11 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         targets.append(measure(by_key[key], args.workload, args.concurrency, args.duration, spy_dir))
     result = {"workload": args.workload, "concurrency": args.concurrency, "env": env, "targets": targets}
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    Path(f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
     md = to_markdown(result)
-    Path(f"{stem}.md").write_text(md)
+    print(md, write_report(stem, result, md), sep="\n")
     plot(result, Path(f"{stem}.png"))
-    print(md)
     return 1 if any(t.get("error") for t in targets) else 0
 
 
