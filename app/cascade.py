@@ -29,8 +29,14 @@ def margin(top: Top) -> float:
 
 
 def bucket(m: float) -> int:
-    """The bucket of margin m: [0.00, 0.01) is 0, ..., [0.99, 1.00] is 99."""
-    return min(BUCKETS - 1, max(0, int(m * BUCKETS)))
+    """The bucket of margin m: [0.00, 0.01) is 0, ..., [0.99, 1.00] is 99, with the bounds compared as
+    `escalate` compares them (m < i / 100), so the curve at threshold i / 100 and the rule always agree."""
+    i = min(BUCKETS - 1, max(0, int(m * BUCKETS)))
+    while i > 0 and m < i / BUCKETS:  # m * 100 rounded up past a bound (0.29 * 100 = 28.999...)
+        i -= 1
+    while i < BUCKETS - 1 and m >= (i + 1) / BUCKETS:
+        i += 1
+    return i
 
 
 def escalate(m: float, threshold: float) -> bool:
@@ -79,7 +85,8 @@ class MarginEvidence:
 class CurvePoint:
     threshold: float
     agreement: float  # with `then`, over all images: the escalated ones agree by construction
-    agreement_low: float  # its 95% lower bound: the kept images' disagreement rate at its Wilson upper end
+    agreement_low: float  # a lower bound: the kept images' disagreement rate at the upper end of its 95% Wilson
+    # interval (two-sided, so a one-sided 97.5% bound)
     escalation: float  # the share of images re-run on `then`
 
     def to_dict(self) -> dict[str, float]:
@@ -134,7 +141,7 @@ def fit_threshold(ev: MarginEvidence, target: float, min_samples: int, default: 
     if n < min_samples:
         return Fit(default, False, n, None, f"{n} comparisons of {min_samples} needed: the default stands")
     points = curve(ev)
-    for p in points:
+    for p in points[:-1]:  # the last, 1.0, agrees by construction: it is the answer when nothing else does
         if p.agreement >= target:
             return Fit(p.threshold, True, n, p, f"the smallest threshold with agreement >= {target}")
     return Fit(1.0, True, n, points[-1], f"no threshold below 1 reaches {target}: every image goes on")

@@ -89,8 +89,8 @@ def py_spy(pids: dict[str, int], seconds: float, out_dir: Path) -> dict[str, sub
 
 PACKAGES = (  # (pattern on a frame's file, its group), the first match names it
     (r"[(/]app/", "app (ours)"),
-    (r"ray/serve/", "Ray Serve"),
-    (r"ray/", "Ray core"),
+    (r"[(/]ray/serve/", "Ray Serve"),
+    (r"[(/]ray/", "Ray core"),
     (r"grpc", "gRPC"),
     (r"starlette|uvicorn|httptools|h11", "HTTP server"),
     (r"onnxruntime|openvino", "engine"),
@@ -147,11 +147,12 @@ def hottest(raw: Path, n: int = 12) -> list[tuple[str, float]]:
 def measure(t: Target, name: str, concurrency: int, seconds: float, spy_dir: Path | None) -> Any:
     def steps(t: Target, plan: dict[str, Any], server: ServerProcess) -> list[dict[str, Any]]:
         server.snapshot_family()
-        replicas = {
-            role(p.cmdline()): p.pid
-            for pid in server.family
-            if (p := _proc(pid)) is not None and p.cmdline() and p.cmdline()[0].startswith("ray::ServeReplica:")
-        }
+        replicas: dict[str, int] = {}
+        for pid in sorted(server.family):
+            p = _proc(pid)
+            if p is not None and p.cmdline() and p.cmdline()[0].startswith("ray::ServeReplica:"):
+                name = role(p.cmdline())
+                replicas[f"{name}#{pid}" if name in replicas else name] = pid  # a second replica of one deployment
         wl = workload(t, name, "fp32", plan["timeout_s"])
         before: dict[str, float] = {}
         spies: dict[str, subprocess.Popen[bytes]] = {}

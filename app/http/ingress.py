@@ -65,6 +65,7 @@ class Ingress:
         """A user_config (deploy time or live); it replaces any rollout weights until the ledger says otherwise."""
         self._use(cfg)
         self.base, self.override_generation = cfg, None
+        self.pipeline.shadow.pair = None  # a deploy drops a rollout's weights: its pair goes with them
         self.config_id = config_id({"user_config": cfg.model_dump(mode="json"), "variants": self.variants})
         self.admin_token = admin_token(cfg.admin_token_env)
         if self.admin_token:
@@ -111,7 +112,6 @@ class Ingress:
         self.override_generation = generation
         cfg = self.base
         pair = override.get("pair") if override else None
-        self.pipeline.shadow.pair = (pair[0], pair[1]) if pair and set(pair) <= set(self.variants) else None
         if override is not None:
             weights = {v: float(w) for v, w in override["weights"].items() if v in self.known}
             update = {
@@ -124,6 +124,7 @@ class Ingress:
         except ValueError as e:  # e.g. every weight 0: keep routing as before, and say why
             logger.warning("rollout weights %s not applied: %s", override, e)
             return
+        self.pipeline.shadow.pair = (pair[0], pair[1]) if pair and set(pair) <= set(self.variants) else None
         logger.info("rollout: weights %s, shadow %.3f (generation %s)", cfg.weights, cfg.shadow_fraction, generation)
 
     @property

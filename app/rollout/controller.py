@@ -87,11 +87,11 @@ class RolloutService:
             raise ServiceError("not_ready", "no Router has reported its configuration yet; retry in a second")
         start_weights = {v: float(seen["weights"].get(v, 0.0)) for v in self.variants}
         rollout = Rollout(spec, start_weights)
-        if rollout.pair_share <= 0:
+        if start_weights.get(spec.baseline, 0.0) <= 0:
             raise ServiceError(
                 "conflict",
-                f"{spec.candidate} and {spec.baseline} carry no traffic (weights {start_weights}): the ramp moves "
-                "the baseline's share to the candidate; give the baseline a weight first",
+                f"the baseline {spec.baseline} carries no traffic (weights {start_weights}): the ramp moves the "
+                "baseline's share to the candidate step by step; give the baseline a weight first",
             )
         self.config_id, self.generation = seen["config_id"], self.generation + 1
         self.rollout, self._rate = rollout, None

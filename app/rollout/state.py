@@ -91,14 +91,16 @@ class Rollout:
         return self.spec.steps[self.step]
 
     def weights(self) -> dict[str, float]:
-        """The weights the Router should have now (the starting ones under dry_run or after abort)."""
-        cand, base = self.spec.candidate, self.spec.baseline
-        if self.spec.dry_run or self.state == "aborted":
-            return dict(self.start_weights)
-        # In percent of all traffic. The step's weight is the candidate's percentage of the traffic the pair had at
-        # the start (all of it with two variants); any other variant keeps its own share.
+        """The weights the Router should have now, in percent of all traffic (the starting ones under dry_run or
+        after abort). The step's weight is the candidate's percentage of the traffic the pair had at the start
+        (all of it with two variants); any other variant keeps its own share."""
         total = sum(self.start_weights.values())
+        if total <= 0:  # no split to speak of (only a hand-made saved state): leave the Routers as they are
+            return dict(self.start_weights)
         percent = {v: round(w * 100.0 / total, 6) for v, w in self.start_weights.items()}
+        if self.spec.dry_run or self.state == "aborted":
+            return percent
+        cand, base = self.spec.candidate, self.spec.baseline
         pair = self.pair_share * 100.0 / total
         w = 0.0 if self.state == "rolled_back" else self.weight
         return {**percent, cand: round(pair * w / 100.0, 6), base: round(pair * (100.0 - w) / 100.0, 6)}

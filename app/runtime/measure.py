@@ -8,7 +8,6 @@ engines are compared in alternating rounds, so a noisy neighbour slows both rath
 from __future__ import annotations
 
 import contextlib
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -99,12 +98,14 @@ class GateResult:
 
 
 def judge(variant: str, gate: SpeedGate, mine: Throughput, baseline: Throughput) -> GateResult:
-    # From the unrounded rates (img_per_s is rounded to 0.1: a slow baseline would read 0), capped so the figure
-    # stays finite: it goes out as JSON (/v1/models) and as a gauge, where infinity is no number.
+    # From the times (img_per_s is rounded to 0.1 img/s: a slow baseline would read 0), capped so the figure stays
+    # finite: it goes out as JSON (/v1/models) and as a gauge, where infinity is no number. A side whose time
+    # reads 0 was not measured: no speed-up is claimed.
     def rate(t: Throughput) -> float:
-        return t.batch * t.parallel / t.ms if t.ms > 0 else math.inf
+        return t.batch * t.parallel / t.ms
 
-    speedup = min(MAX_SPEEDUP, rate(mine) / rate(baseline)) if rate(baseline) < math.inf else 0.0
+    measured = mine.ms > 0 and baseline.ms > 0
+    speedup = min(MAX_SPEEDUP, rate(mine) / rate(baseline)) if measured else 0.0
     return GateResult(
         variant=variant,
         baseline=gate.baseline,
