@@ -3,8 +3,6 @@ what a redeploy does to it. Pure: the pipeline on fake handles, no Ray."""
 
 from __future__ import annotations
 
-import ray
-
 from app.config import AppArgs, RouterConfig
 from app.http.ingress import Ingress
 from tests.test_pipeline_unit import FakeBackend
@@ -40,7 +38,6 @@ def test_the_override_sets_weights_shadows_and_pair_and_a_redeploy_drops_them_al
     assert ing.pipeline.shadow.pair is None
     ing.apply_override(None)  # what the ledger answers the new config
     assert ing.pipeline.shadow.pair is None
-    assert not ray.is_initialized()
 
 
 def test_weights_that_cannot_apply_leave_routing_and_shadowing_as_they_were() -> None:
