@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,22 +107,27 @@ def package(frame: str) -> str:
     return "other Python"
 
 
+def stacks(raw: Path) -> Iterator[tuple[list[str], int]]:
+    """py-spy's raw (collapsed) output: each stack, outermost frame first, and its sample count (none if the
+    file is missing)."""
+    with contextlib.suppress(OSError):
+        for line in raw.read_text().splitlines():
+            stack, _, samples = line.rpartition(" ")
+            if samples.isdigit() and stack:
+                yield stack.split(";"), int(samples)
+
+
 def by_package(raw: Path) -> dict[str, dict[str, float]]:
     """Where a replica's samples were, by package: `self` the innermost frame's (what ran), `under` any frame's
     on the stack (what it was done for; a sample counts once per package)."""
     own: Counter[str] = Counter()
     under: Counter[str] = Counter()
     total = 0
-    with contextlib.suppress(OSError):
-        for line in raw.read_text().splitlines():
-            stack, _, samples = line.rpartition(" ")
-            if not samples.isdigit() or not stack:
-                continue
-            k, frames = int(samples), stack.split(";")
-            total += k
-            own[package(frames[-1])] += k
-            for name in {package(f) for f in frames}:
-                under[name] += k
+    for frames, k in stacks(raw):
+        total += k
+        own[package(frames[-1])] += k
+        for name in {package(f) for f in frames}:
+            under[name] += k
     if not total:
         return {}
     share = lambda c: {n: round(v / total, 3) for n, v in c.most_common()}  # noqa: E731
@@ -132,15 +138,10 @@ def hottest(raw: Path, n: int = 12) -> list[tuple[str, float]]:
     """The functions that were on the stack most (inclusive share of samples), from py-spy's raw output."""
     counts: Counter[str] = Counter()
     total = 0
-    with contextlib.suppress(OSError):
-        for line in raw.read_text().splitlines():
-            stack, _, samples = line.rpartition(" ")
-            if not samples.isdigit():
-                continue
-            k = int(samples)
-            total += k
-            for frame in set(stack.split(";")):
-                counts[re.sub(r" \(.*?/(site-packages|lib/python3\.\d+)/", " (", frame)] += k
+    for frames, k in stacks(raw):
+        total += k
+        for frame in set(frames):
+            counts[re.sub(r" \(.*?/(site-packages|lib/python3\.\d+)/", " (", frame)] += k
     return [(f, round(c / total, 3)) for f, c in counts.most_common(n)] if total else []
 
 
@@ -151,8 +152,8 @@ def measure(t: Target, name: str, concurrency: int, seconds: float, spy_dir: Pat
         for pid in sorted(server.family):
             p = _proc(pid)
             if p is not None and p.cmdline() and p.cmdline()[0].startswith("ray::ServeReplica:"):
-                name = role(p.cmdline())
-                replicas[f"{name}#{pid}" if name in replicas else name] = pid  # a second replica of one deployment
+                who = role(p.cmdline())  # not `name`: that is the workload's
+                replicas[f"{who}#{pid}" if who in replicas else who] = pid  # a second replica of one deployment
         wl = workload(t, name, "fp32", plan["timeout_s"])
         before: dict[str, float] = {}
         spies: dict[str, subprocess.Popen[bytes]] = {}

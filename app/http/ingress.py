@@ -124,7 +124,7 @@ class Ingress:
         except ValueError as e:  # e.g. every weight 0: keep routing as before, and say why
             logger.warning("rollout weights %s not applied: %s", override, e)
             return
-        self.pipeline.shadow.pair = (pair[0], pair[1]) if pair and set(pair) <= set(self.variants) else None
+        self.pipeline.shadow.pair = (pair[0], pair[1]) if pair and set(pair) <= self.known else None
         logger.info("rollout: weights %s, shadow %.3f (generation %s)", cfg.weights, cfg.shadow_fraction, generation)
 
     @property

@@ -86,7 +86,6 @@ class RolloutService:
         if seen["config_id"] is None:
             raise ServiceError("not_ready", "no Router has reported its configuration yet; retry in a second")
         start_weights = {v: float(seen["weights"].get(v, 0.0)) for v in self.variants}
-        rollout = Rollout(spec, start_weights)
         if start_weights.get(spec.baseline, 0.0) <= 0:
             raise ServiceError(
                 "conflict",
@@ -94,7 +93,7 @@ class RolloutService:
                 "baseline's share to the candidate step by step; give the baseline a weight first",
             )
         self.config_id, self.generation = seen["config_id"], self.generation + 1
-        self.rollout, self._rate = rollout, None
+        self.rollout, self._rate = Rollout(spec, start_weights), None
         logger.info("rollout %d started: %s", self.generation, spec.model_dump(mode="json"))
         await self.tick(now)
         return self.describe()
