@@ -175,13 +175,18 @@ def test_a_killed_router_is_replaced_by_one_that_routes_by_the_rollouts_weights(
     wait_until(lambda: state(local_app)["steps"][-1]["samples"] > before["steps"][-1]["samples"], 60, 0.5, "samples")
 
 
+def actor_names(deployment_mark: str) -> list[str]:
+    """The live replica actors of a deployment (its name between '#' marks)."""
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if deployment_mark in a["name"]]
+
+
 def router_actor() -> str | None:
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "#Router#" in a["name"]]
+    names = actor_names("#Router#")
     return names[0] if len(names) == 1 else None
 
 
 def kill(deployment_mark: str) -> None:
-    (name,) = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if deployment_mark in a["name"]]
+    (name,) = actor_names(deployment_mark)
     ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
 
 
