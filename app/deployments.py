@@ -1,8 +1,9 @@
 """The Router (HTTP ingress, A/B) and the ABLedger; the Preprocessor and Classifier live in their own modules.
 
 Data path: the Router reads and checks the request (app/http/), picks a variant and hands the
-images to the pipeline (app/pipeline/), which calls the Preprocessor and passes its
-DeploymentResponse straight into the Classifier. With Serve's handles by reference (its default) the
+images to the pipeline (app/pipeline/), which calls the Preprocessor (or, with `decode_in: router`,
+decodes in this process under the same DecodeBudget) and passes its DeploymentResponse straight into
+the Classifier. With Serve's handles by reference (its default) the
 image tensor goes Preprocessor -> object store -> Classifier; with configs/serve.env's
 RAY_SERVE_THROUGHPUT_OPTIMIZED they send by value over gRPC, and Serve awaits that response in the
 Router and sends the pixels on. Measured here (README "Performance"), by value is still the cheaper
@@ -34,6 +35,7 @@ from app.http.v1 import V1
 from app.http.v2 import V2
 from app.inferstats import ModelStatsTable
 from app.metrics import RolloutMetrics
+from app.preprocessor import Decoder
 from app.rollout.board import RolloutBoard
 from app.rollout.controller import RolloutService
 from app.serve_internals import replica_id
@@ -118,15 +120,18 @@ class Router:
 
     def __init__(
         self,
-        preprocessor: DeploymentHandle,
+        preprocessor: DeploymentHandle | None,
         classifiers: dict[str, DeploymentHandle],
         ledger: DeploymentHandle,
         args: dict[str, Any],
         labels: list[str],
         controller: DeploymentHandle | None = None,
     ) -> None:
-        backend = ServeBackend(preprocessor, classifiers, ledger, controller)
-        self.ingress = Ingress(AppArgs.model_validate(args), backend, sorted(classifiers), labels, replica_id())
+        parsed = AppArgs.model_validate(args)
+        decoder = Decoder(parsed.limits) if preprocessor is None else None  # AppArgs.decode_in: router
+        backend = ServeBackend(preprocessor, classifiers, ledger, controller, decoder)
+        state = decoder.describe if decoder is not None else None
+        self.ingress = Ingress(parsed, backend, sorted(classifiers), labels, replica_id(), state)
         V1(self.ingress)
         RolloutAPI(self.ingress)
         Docs(self.ingress)

@@ -13,6 +13,7 @@ from ray.serve.handle import DeploymentHandle
 from app.errors import ServiceError, find_service_error
 from app.payloads import Pixels
 from app.pipeline.ports import Call, ReplicaLost
+from app.preprocessor import Decoder
 from app.serve_internals import routable_replicas, running_replicas
 
 _LOST = (RayActorError, DeploymentUnavailableError)
@@ -26,25 +27,44 @@ def _lost(e: BaseException) -> ReplicaLost:
 class ServeBackend:
     def __init__(
         self,
-        preprocessor: DeploymentHandle,
+        preprocessor: DeploymentHandle | None,
         classifiers: dict[str, DeploymentHandle],
         ledger: DeploymentHandle,
         controller: DeploymentHandle | None = None,
+        decoder: Decoder | None = None,
     ) -> None:
+        """`decoder`: decode here, in this process (AppArgs.decode_in router), instead of calling `preprocessor`."""
+        if (preprocessor is None) == (decoder is None):
+            raise ValueError("exactly one of a Preprocessor handle and a local decoder")
         self.preprocessor = preprocessor
         self.classifiers = classifiers
         self.ledger = ledger
         self.controller = controller
+        self.decoder = decoder
 
     def preprocess(self, images: list[bytes], size: int, wall_deadline: float) -> Call:
+        if self.decoder is not None:  # a Task: awaitable and cancellable, like a DeploymentResponse
+            return asyncio.ensure_future(self.decoder.many(images, size, wall_deadline))
+        assert self.preprocessor is not None
         return self.preprocessor.many.remote(images, size, wall_deadline)
 
     def classify(self, variant: str, pixels: Call | Pixels, top_k: int, full: bool, rows: list[int] | None) -> Call:
-        # A DeploymentResponse passed in is resolved by Serve in the Classifier's process.
+        # A DeploymentResponse passed in is resolved by Serve: in the Classifier's process by reference, here (then
+        # sent on) by value, which configs/serve.env's gRPC between replicas is. A local decode is awaited here.
         handle = self.classifiers[variant]
-        if rows is None:
-            return handle.remote(pixels, top_k, full)
-        return handle.remote(pixels, top_k, full, rows)
+        extra = () if rows is None else (rows,)
+        if isinstance(pixels, asyncio.Future):
+            return asyncio.ensure_future(self._classify_decoded(handle, pixels, top_k, full, extra))
+        return handle.remote(pixels, top_k, full, *extra)
+
+    @staticmethod
+    async def _classify_decoded(
+        handle: DeploymentHandle, pixels: asyncio.Future[Pixels], top_k: int, full: bool, extra: tuple[Any, ...]
+    ) -> Any:
+        # Cancelling this call (a deadline, a failover abort, the client gone) cancels a decode still running too;
+        # a finished one is unaffected, so a shadow run can reuse its pixels.
+        decoded = await pixels
+        return await handle.remote(decoded, top_k, full, *extra)
 
     def describe(self, variant: str) -> Call:
         return self.classifiers[variant].describe.remote()

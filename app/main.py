@@ -70,7 +70,8 @@ def load_labels(args: AppArgs) -> list[str]:
 
 
 def build_app(args: AppArgs) -> Application:
-    """Router -> Preprocessor -> Classifier_<variant> for every variant in `args`."""
+    """Router -> Preprocessor -> Classifier_<variant> for every variant in `args` (no Preprocessor when the Router
+    decodes)."""
     ensure_models(args)
     classifiers = {
         name: Classifier.options(  # type: ignore[attr-defined]
@@ -78,7 +79,11 @@ def build_app(args: AppArgs) -> Application:
         ).bind(name, args.model_dump())
         for name in args.variants
     }
-    preprocessor = Preprocessor.bind(args.limits.model_dump())  # type: ignore[attr-defined]
+    preprocessor = (
+        Preprocessor.bind(args.limits.model_dump())  # type: ignore[attr-defined]
+        if args.decode_in == "preprocessor"
+        else None  # the Router decodes (AppArgs.decode_in)
+    )
     ledger = ABLedger.bind()  # type: ignore[attr-defined]
     controller = RolloutController.bind(ledger, sorted(args.variants))  # type: ignore[attr-defined]
     return Router.bind(  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""The Preprocessor deployment: decode, colour-convert and resize on CPU replicas.
+"""Decode, colour-convert and resize on CPU: the Decoder, run by the Preprocessor deployment or by the Router.
 
 Decoding is bounded per replica, whatever arrives: each image's decode cost is estimated from its
 header (`estimate_decode_bytes`) and the decode runs on the replica's own threads under a
@@ -36,23 +36,19 @@ def _assigned_cpus() -> float:
         return 1.0
 
 
-@serve.deployment(name="Preprocessor", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=32)
-class Preprocessor:
-    """Decode, colour-convert and resize on CPU; uint8 out (4x fewer bytes than float32)."""
+class Decoder:
+    """Decode, colour-convert and resize on CPU under this process's DecodeBudget; uint8 out (4x fewer bytes
+    than float32). Runs in the Preprocessor deployment, or in the Router itself (`AppArgs.decode_in`)."""
 
-    def __init__(self, limits: dict[str, Any] | int) -> None:
-        """`limits`: `Limits.model_dump()`, or (the old signature) max_pixels alone with the other limits' defaults."""
-        parsed = Limits.model_validate({"max_pixels": limits} if isinstance(limits, int) else limits)
-        self.max_pixels = parsed.max_pixels
-        self.max_decode_bytes = parsed.max_decode_bytes
+    def __init__(self, limits: Limits) -> None:
+        self.max_pixels = limits.max_pixels
+        self.max_decode_bytes = limits.max_decode_bytes
         self.slots = slots_for(_assigned_cpus())
-        self.budget = DecodeBudget(parsed.preprocessor_memory_bytes, self.slots)
+        self.budget = DecodeBudget(limits.preprocessor_memory_bytes, self.slots)
         self.executor = ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="decode")
 
     def describe(self) -> dict[str, Any]:
         return {
-            "replica_id": replica_id(),
-            "node_id": ray.get_runtime_context().get_node_id(),
             "decode_slots": self.slots,
             "decode_memory_bytes": self.budget.max_bytes,
             "decode_bytes_in_flight": self.budget.in_flight_bytes,
@@ -100,3 +96,16 @@ class Preprocessor:
             timeout=timeout,
             executor=self.executor,
         )
+
+
+@serve.deployment(name="Preprocessor", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=32)
+class Preprocessor(Decoder):
+    """The Decoder as a deployment of its own: decode capacity that scales apart from the Router, and a native
+    crash in a decoder (a hostile image) that costs one Preprocessor call, retried elsewhere, not an ingress."""
+
+    def __init__(self, limits: dict[str, Any] | int) -> None:
+        """`limits`: `Limits.model_dump()`, or (the old signature) max_pixels alone with the other limits' defaults."""
+        super().__init__(Limits.model_validate({"max_pixels": limits} if isinstance(limits, int) else limits))
+
+    def describe(self) -> dict[str, Any]:
+        return {"replica_id": replica_id(), "node_id": ray.get_runtime_context().get_node_id(), **super().describe()}

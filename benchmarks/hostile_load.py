@@ -211,18 +211,23 @@ def replicas_replaced(before: dict[str, Proc], after: dict[str, Proc]) -> dict[s
 
 
 def memory_verdict(
-    procs: dict[str, dict[str, Any]], preprocessor_memory_mb: float, other_growth_mb: float
+    procs: dict[str, dict[str, Any]],
+    preprocessor_memory_mb: float,
+    other_growth_mb: float,
+    decoder: str = "Preprocessor",
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Per process {label, replica, idle_mb, start_mb, peak_mb, ...}: the limit that applies and what broke it.
 
-    Preprocessor replicas: peak <= idle + preprocessor_memory_mb (the decode ceiling on top of the replica's
-    own baseline, measured idle before the first attack). Every other replica: peak - start_mb (where this
-    phase started) <= other_growth_mb. Other Serve processes are reported, not judged.
+    The replicas that decode (`decoder`: the Preprocessor, or the Router with `decode_in: router`): peak <= idle +
+    preprocessor_memory_mb (the decode ceiling on top of the replica's own baseline, measured idle before the
+    first attack), and a decoding Router other_growth_mb more for what it holds besides. Every other replica:
+    peak - start_mb (where this phase started) <= other_growth_mb. Other Serve processes are reported, not judged.
     """
     rows, failures = {}, []
     for key, m in procs.items():
-        pre, peak = m["label"] == "Preprocessor", m["peak_mb"]
-        base, allowed = (m["idle_mb"], preprocessor_memory_mb) if pre else (m["start_mb"], other_growth_mb)
+        pre, peak = m["label"] == decoder, m["peak_mb"]
+        extra = other_growth_mb if decoder != "Preprocessor" else 0.0
+        base, allowed = (m["idle_mb"], preprocessor_memory_mb + extra) if pre else (m["start_mb"], other_growth_mb)
         row = rows[key] = dict(m)
         if m["replica"] and base is not None:
             row["limit_mb"] = round(base + allowed, 1)
@@ -250,7 +255,8 @@ class Settings:
     warmup_requests: int = 6
     min_success: float = 0.99
     max_p99_s: float = 3.0
-    preprocessor_memory_mb: float = _LIMITS.preprocessor_memory_bytes / MB  # over the Preprocessor's idle RSS
+    preprocessor_memory_mb: float = _LIMITS.preprocessor_memory_bytes / MB  # over the decoder's idle RSS
+    decoder: str = "Preprocessor"  # the deployment that decodes: decoder_of(url)
     other_growth_mb: float = 300.0  # over where any other replica's RSS stood when the phase started
 
 
@@ -269,6 +275,17 @@ def base_url(url: str) -> str:
     """scheme://host:port of any URL of the app (a /v1/classify URL works too); loopback only."""
     parts = urlsplit(require_loopback(url))
     return f"{parts.scheme}://{parts.netloc}"
+
+
+def decoder_of(url: str) -> str:
+    """The deployment that decodes images in the app at `url`, as its /v1/models says (AppArgs.decode_in)."""
+    where = httpx.get(base_url(url) + "/v1/models", timeout=10).json().get("decode", {}).get("where")
+    return "Router" if where == "router" else "Preprocessor"
+
+
+def _decoder(result: dict[str, Any]) -> str:
+    settings = result["settings"]
+    return str((settings if isinstance(settings, dict) else asdict(settings)).get("decoder", "Preprocessor"))
 
 
 def attach(url: str, raylet_pid: int | None = None) -> Target:
@@ -432,7 +449,7 @@ def run_phase(target: Target, attack: str, s: Settings) -> dict[str, Any]:
     for k, m in memory.items():
         m |= {"idle_mb": target.idle_mb.get(k), "start_mb": mon.start(k), "peak_mb": mon.peak(k)}
     answers = traffic.replies
-    memory, mem_failures = memory_verdict(memory, s.preprocessor_memory_mb, s.other_growth_mb)
+    memory, mem_failures = memory_verdict(memory, s.preprocessor_memory_mb, s.other_growth_mb, s.decoder)
     phase: dict[str, Any] = {
         "attack": attack,
         "wall_s": round(wall, 2),
@@ -461,16 +478,16 @@ def phase_line(phase: dict[str, Any]) -> str:
     return f"   probe {p['ok']}/{p['requests']} ({rate}), p99 {p99}; {verdict}"
 
 
-SUMMARY_HEADERS = "attack|clients|attack answers|probe ok|probe p50/p99 ms|Preprocessor peak/limit MB|replaced|verdict"
+SUMMARY_HEADERS = "attack|clients|attack answers|probe ok|probe p50/p99 ms|decoder peak/limit MB|replaced|verdict"
 
 
 def summary_table(result: dict[str, Any]) -> str:
-    rows = []
+    rows, decoder = [], _decoder(result)
     for ph in result["phases"]:
         p, a, rep, memory = ph["probe"], ph["attack_summary"], ph["replicas"], ph["memory"].values()
         sent = f"{a['attempts']} conns: {a['how']}; replies" if ph["attack"] == "slow" else f"{a['requests']} req:"
         probe = [f"{p['ok']}/{p['requests']}", f"{fmt(p['p50_ms'])}/{fmt(p['p99_ms'])}"]
-        pre = [f"{fmt(m['peak_mb'], 0)}/{fmt(m.get('limit_mb'), 0)}" for m in memory if m["label"] == "Preprocessor"]
+        pre = [f"{fmt(m['peak_mb'], 0)}/{fmt(m.get('limit_mb'), 0)}" for m in memory if m["label"] == decoder]
         rows.append([ph["attack"], ph["clients"], f"{sent} {a['statuses'] or '-'}", *probe, ", ".join(pre) or "n/a"])
         rows[-1] += [len(rep["gone"]) + len(rep["new"]), "FAILED" if ph["failures"] else "ok"]
     return markdown_table(SUMMARY_HEADERS.split("|"), rows)
@@ -515,8 +532,10 @@ def plot(result: dict[str, Any], out: Path) -> Path:
         if pts and max(v for _, v in pts) > 50:
             ax_mem.plot([t for t, _ in pts], [v for _, v in pts], lw=1, label=key)
     for key, idle in result["idle_mb"].items():
-        if key.startswith("Preprocessor["):
-            ax_mem.axhline(idle + th["preprocessor_memory_mb"], color="k", ls=":", lw=0.8, label=f"{key} ceiling")
+        if key.startswith(_decoder(result) + "["):
+            extra = th["other_growth_mb"] if _decoder(result) != "Preprocessor" else 0.0  # as memory_verdict
+            ceiling = idle + th["preprocessor_memory_mb"] + extra
+            ax_mem.axhline(ceiling, color="k", ls=":", lw=0.8, label=f"{key} ceiling")
     ax_lat.axhline(th["max_p99_s"], color="tab:red", ls="--", lw=0.8, label=f"p99 limit {th['max_p99_s']:g} s")
     ax_lat.set(yscale="log", ylabel="probe latency (s)\ngreen 200, red other")
     ax_att.set_ylabel("attack answers per second\nby status (slow: ends)")
@@ -537,7 +556,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=200, help="slow-body connections")
     args = parser.parse_args(argv)
     env = print_environment()
-    s = Settings(duration_s=args.duration, clients=args.clients, connections=args.connections)
+    s = Settings(
+        duration_s=args.duration, clients=args.clients, connections=args.connections, decoder=decoder_of(args.url)
+    )
     for i in range(s.warmup_requests):  # first requests pay one-off costs (handles, first batches): not an attack's
         with contextlib.suppress(httpx.HTTPError):
             image = probe_images()[i % len(probe_images())]

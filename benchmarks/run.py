@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 # Log lines (regular expressions) that mean a Serve deployment has failed: stop waiting for readiness.
 FAILED = ("DEPLOY_FAILED", r"Deploying app '[^']*' failed")
-APP_CONFIGS = ("local", "nobatch", "ortcpu", "noqueue", "paceonly")  # configs/local.yaml, as is or changed
+APP_CONFIGS = ("local", "nobatch", "ortcpu", "split", "noqueue", "paceonly")  # configs/local.yaml, as is or changed
 # else /healthz; Triton's /v2/health/ready answers 200 before the model has loaded
 READY = {**dict.fromkeys(APP_CONFIGS, "/readyz"), "triton_peer": f"/v2/models/{MODEL_NAME}/ready"}
 TRITON_VENV = ".venv-triton"
@@ -76,8 +76,9 @@ TARGETS = [
     Target("single", "Serve, one deployment, serve.env", "serve_single", 8103, ("sweep", "batch")),
     Target("echo_default", "Serve echo floor, default runtime", "serve_echo", 8104, ("sweep",), False, ENDS),
     Target("single_default", "Serve, one deployment, default runtime", "serve_single", 8105, ("sweep",), False, ENDS),
-    Target("app", "this app (3 deployments)", "local", 8000, ("sweep", "v2", "batch"), pairs=3),
+    Target("app", "this app", "local", 8000, ("sweep", "v2", "batch"), pairs=3),
     Target("app_ortcpu", "this app, ORT's CPU EP", "ortcpu", 8000, ("sweep", "v2", "v2batch", "batch"), sweep=ENDS),
+    Target("app_split", "this app, ORT's CPU EP, decode in a Preprocessor", "split", 8000, ("v2",), sweep=ENDS),
     Target("triton", "Triton (PyTriton), ORT's CPU EP", "triton_peer", 8106, ("v2", "v2batch"), False, one_model=True),
     Target("litserve", "LitServe + ONNX Runtime, batching", "litserve_peer", 8109, ("sweep", "batch"), False),
     Target("nobatch", "this app, batching off", "nobatch", 8000, ("sweep",), sweep=(32,)),
@@ -90,13 +91,20 @@ QUICK = {"duration_s": 2.0, "warmup_s": 1.0, "concurrency": [1, 4, 16, 32]}
 
 def write_config(directory: Path, kind: str) -> Path:
     """configs/local.yaml with absolute model paths and, for kind "nobatch", every kind of batching off (one
-    request per Preprocessor and Classifier call), for "ortcpu", every variant on ORT's CPU EP (engine: cpu), for
+    request per decode and Classifier call), for "ortcpu", every variant on ORT's CPU EP (engine: cpu), for "split",
+    that and the images decoded in a Preprocessor deployment of their own (prod.yaml's shape; local.yaml decodes in
+    the Router), for
     "noqueue", the Router's wait queue and refusal pacing off (a 503 at once beyond max_in_flight), for "paceonly",
     the wait queue off and refusals paced."""
     cfg = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
     app = cfg["applications"][0]
     for v in app["args"]["variants"].values():
-        v.update(model_path=str(REPO / v["model_path"]), **({"engine": "cpu"} if kind == "ortcpu" else {}))
+        v.update(model_path=str(REPO / v["model_path"]), **({"engine": "cpu"} if kind in ("ortcpu", "split") else {}))
+    if kind == "split":  # the Router's quarter CPU again, and the Preprocessor local.yaml had before decode_in
+        app["args"]["decode_in"] = "preprocessor"
+        app["deployments"][0]["ray_actor_options"]["num_cpus"] = 0.25
+        pre = {"num_replicas": 1, "max_ongoing_requests": 32, "max_queued_requests": 256}
+        app["deployments"].insert(1, {"name": "Preprocessor", **pre, "ray_actor_options": {"num_cpus": 0.25}})
     for d in app["deployments"] if kind == "nobatch" else []:
         if d["name"] == "Router" or d["name"].startswith("Classifier_"):
             d["user_config"]["coalesce_max" if d["name"] == "Router" else "max_batch_size"] = 1

@@ -3,8 +3,10 @@ and a few multi-node `ray.cluster_utils.Cluster` tests (marked `cluster`) that m
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from app.models import ModelFiles, default_files
@@ -197,3 +199,18 @@ def local_app(serve_deployer: ServeDeployer, model_files: ModelFiles) -> ServeDe
     """configs/local.yaml deployed once; tests that change it must restore it (see `redeploy`)."""
     serve_deployer.deploy(local_config(model_files))
     return serve_deployer
+
+
+class BlockingDecode:
+    """Stands in for `app.preprocess.preprocess` (monkeypatched into app.preprocessor): each call records the
+    image's size, says it started, and blocks its decode thread until `release` is set; then a black image."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, data: bytes, size: int, *rest: object) -> np.ndarray:
+        self.calls.append(len(data))
+        self.started.set()
+        self.release.wait(30)
+        return np.zeros((size, size, 3), np.uint8)

@@ -359,8 +359,29 @@ def test_the_nobatch_config_switches_off_both_kinds_of_batching_and_nothing_else
     assert deployment(cfg, "Router")["user_config"]["coalesce_max"] == 1
     for name in ("Classifier_int8", "Classifier_fp32"):
         assert deployment(cfg, name)["user_config"] == {**deployment(base, name)["user_config"], "max_batch_size": 1}
-    assert deployment(cfg, "Preprocessor") == deployment(base, "Preprocessor")
+    assert cfg["applications"][0]["args"]["decode_in"] == base["applications"][0]["args"]["decode_in"]
     assert all(Path(v["model_path"]).is_absolute() for v in cfg["applications"][0]["args"]["variants"].values())
+
+
+def test_the_split_config_decodes_in_a_preprocessor_and_differs_from_ortcpu_in_nothing_else(tmp_path: Path) -> None:
+    import yaml
+
+    from app.config import validate_serve_config
+    from benchmarks.run import write_config
+    from tests.conftest import deployment
+
+    split = yaml.safe_load(write_config(tmp_path, "split").read_text())
+    ortcpu = yaml.safe_load(write_config(tmp_path, "ortcpu").read_text())
+    assert validate_serve_config(split).decode_in == "preprocessor"
+    assert validate_serve_config(ortcpu).decode_in == "router"
+    assert deployment(split, "Preprocessor")["ray_actor_options"] == {"num_cpus": 0.25}
+    assert deployment(split, "Router")["ray_actor_options"] == {"num_cpus": 0.25}
+    names = [d["name"] for d in split["applications"][0]["deployments"]]
+    assert names == ["Router", "Preprocessor", *(d["name"] for d in ortcpu["applications"][0]["deployments"][1:])]
+    for cfg in (split, ortcpu):
+        assert all(v["engine"] == "cpu" for v in cfg["applications"][0]["args"]["variants"].values())
+    for name in names[2:]:
+        assert deployment(split, name) == deployment(ortcpu, name)
 
 
 def test_a_step_counts_what_was_due_in_the_window_and_what_completed_in_it() -> None:

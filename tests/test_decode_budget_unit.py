@@ -20,6 +20,7 @@ from app.config import Limits
 from app.decode_budget import DecodeBudget, slots_for
 from app.errors import ServiceError
 from app.preprocess import estimate_decode_bytes
+from tests.conftest import BlockingDecode
 from tests.hostile import cv_encode, pattern_image, png_16bit_rgba_bomb, tiff_from_array
 
 
@@ -354,28 +355,20 @@ def test_a_deadline_reached_while_waiting_for_a_slot(monkeypatch: pytest.MonkeyP
 
 
 def test_a_cancelled_request_stops_at_the_next_image(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    in_thread, release = threading.Event(), threading.Event()
-
-    def slow(data: bytes, size: int, *rest: object) -> np.ndarray:
-        calls.append(len(data))
-        in_thread.set()
-        release.wait(30)
-        return np.zeros((size, size, 3), np.uint8)
-
+    slow = BlockingDecode()
     monkeypatch.setattr(preprocessor_module, "preprocess", slow)
     p = Preprocessor(Limits().model_dump())
 
     async def main() -> None:
         task = asyncio.create_task(p.many([_jpeg(), _jpeg(), _jpeg()], 32))
-        await asyncio.get_running_loop().run_in_executor(None, in_thread.wait, 30)
+        await asyncio.get_running_loop().run_in_executor(None, slow.started.wait, 30)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert p.budget.in_flight == 1  # the first image's thread is still decoding
-        release.set()
+        slow.release.set()
         held = await p.budget.acquire(p.budget.max_bytes)  # only once that thread has finished
         p.budget.release(held)
 
     run(main)
-    assert len(calls) == 1  # the second and third images were never started
+    assert len(slow.calls) == 1  # the second and third images were never started

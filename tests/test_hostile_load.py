@@ -5,8 +5,9 @@ configs/local.yaml on its own Ray instance and port (18300), driven by benchmark
 against any app on this machine for longer: `python -m benchmarks.hostile_load --url ... --attack all`). Each
 attack class runs HOSTILE_LOAD_SECONDS (default 8 s, to keep CI lean; the issue's figure is 30 s) with the issue's
 numbers of attackers: 16 clients, 200 slow-body connections. Per class, the "Done when": the probe's success
->= 99% and p99 < 3 s; no replica killed or replaced; the Preprocessor's peak RSS under its idle RSS plus
-Limits.preprocessor_memory_bytes, every other replica within 300 MB of where the phase started; every answer to
+>= 99% and p99 < 3 s; no replica killed or replaced; the decoding replica's peak RSS under its idle RSS plus
+Limits.preprocessor_memory_bytes (local.yaml decodes in the Router, which gets 300 MB more for what it holds
+besides), every other replica within 300 MB of where the phase started; every answer to
 an attack request a JSON 4xx or 503 (slow bodies: closed, or answered 400/408/413/503).
 
 Marked `cluster` (it starts and stops its own Ray, like tests/test_cluster.py), so it runs in the second pytest
@@ -91,13 +92,15 @@ def attacked(model_files: ModelFiles, tmp_path_factory: pytest.TempPathFactory) 
         raylet = own_raylet()
         assert raylet is not None, target.notes
         target = hostile_load.attach(URL, raylet)
-    assert any(k.startswith("Preprocessor[") for k in target.idle_mb), target.idle_mb
+    decoder = hostile_load.decoder_of(URL)  # local.yaml: the Router decodes (decode_in: router)
+    assert any(k.startswith(decoder + "[") for k in target.idle_mb), (decoder, target.idle_mb)
     limits = Limits.model_validate(cfg["applications"][0]["args"].get("limits", {}))
     settings = hostile_load.Settings(
         duration_s=SECONDS,
         clients=16,
         connections=200,
         preprocessor_memory_mb=limits.preprocessor_memory_bytes / hostile_load.MB,
+        decoder=decoder,
     )
     state: dict[str, Any] = {"target": target, "settings": settings, "phases": []}
     yield state

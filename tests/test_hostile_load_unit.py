@@ -211,6 +211,12 @@ def test_memory_verdict_preprocessor_ceiling_over_idle_and_growth_of_the_others(
     assert "within" not in rows["haproxy[5]"]  # reported, not judged
     assert len(failures) == 2 and failures[0].startswith("Preprocessor[2]") and failures[1].startswith("Router[3]")
 
+    # A Router that decodes (decode_in: router): the decode ceiling over its idle RSS, and the others' growth.
+    rows, failures = hl.memory_verdict(procs, preprocessor_memory_mb=1024, other_growth_mb=280, decoder="Router")
+    assert rows["Router[3]"]["within"] and rows["Router[3]"]["limit_mb"] == 300.0 + 1024 + 280
+    assert not rows["Preprocessor[1]"]["within"] and rows["Preprocessor[1]"]["limit_mb"] == 420.0 + 280
+    assert {f.split(":")[0] for f in failures} == {"Preprocessor[1]", "Preprocessor[2]"}
+
 
 def test_a_replaced_replica_is_a_new_pid_or_start_time() -> None:
     def proc(pid: int, title: str, started: float) -> Proc:

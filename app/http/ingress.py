@@ -36,8 +36,18 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 class Ingress:
-    def __init__(self, args: AppArgs, backend: Backend, variants: list[str], labels: list[str], replica: str) -> None:
+    def __init__(
+        self,
+        args: AppArgs,
+        backend: Backend,
+        variants: list[str],
+        labels: list[str],
+        replica: str,
+        decoder_state: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        """`decoder_state`: this process's decoder's describe(), when the Router decodes (AppArgs.decode_in)."""
         self.args = args
+        self.decoder_state = decoder_state
         self.limits = args.limits
         self.variants = variants
         self.known = frozenset(variants)
@@ -226,6 +236,7 @@ class Ingress:
             "router_replica_id": self.replica,
             "cancelled_requests": self.pipeline.admission.cancelled,
             "admission": self.pipeline.admission.describe(),
+            "decode": {"where": self.args.decode_in, **(self.decoder_state() if self.decoder_state else {})},
             "bodies": {
                 "slow_now": self.bodies.slow,
                 "timed_out": self.bodies.timed_out,

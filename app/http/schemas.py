@@ -279,6 +279,16 @@ class AdmissionInfo(_Body):
     finishing_per_s: float | None
 
 
+class DecodeInfo(_Body):
+    """Where images are decoded (AppArgs.decode_in); when in this Router, its decoder's state."""
+
+    where: Literal["preprocessor", "router"]
+    decode_slots: int | None = None
+    decode_memory_bytes: int | None = None
+    decode_bytes_in_flight: int | None = None
+    decodes_waiting: int | None = None
+
+
 class BodiesInfo(_Body):
     slow_now: int
     timed_out: int
@@ -300,6 +310,7 @@ class ModelsResponse(_Body):
     router_replica_id: str
     cancelled_requests: int
     admission: AdmissionInfo
+    decode: DecodeInfo
     bodies: BodiesInfo
     json_parsers: ParsersInfo
 

@@ -11,7 +11,7 @@ from app.payloads import Pixels, Scores
 class Call(Awaitable[Any], Protocol):
     """A downstream call in flight (Serve's DeploymentResponse): awaitable, cancellable, passable on."""
 
-    def cancel(self) -> None: ...
+    def cancel(self) -> Any: ...  # DeploymentResponse: None; an asyncio.Task (a local decode): bool
 
 
 class ReplicaLost(RuntimeError):

@@ -1,0 +1,112 @@
+"""Decoding in the Router (`decode_in: router`): ServeBackend's local path, and the config that selects it. No Ray.
+
+The backend's Preprocessor calls become Tasks on the Router's own loop, under the same DecodeBudget; the Classifier
+handle (a stand-in here: a real one needs a Serve replica) gets the decoded Pixels by value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+import app.preprocessor as preprocessor_module
+from app.config import AppArgs, Limits, validate_serve_config
+from app.errors import ServiceError
+from app.handles import ServeBackend
+from app.payloads import Pixels
+from app.preprocessor import Decoder
+from tests.conftest import BlockingDecode, load_config
+from tests.hostile import cv_encode, pattern_image, png_16bit_rgba_bomb
+
+
+class Handle:
+    """What ServeBackend uses of a Classifier's DeploymentHandle: `.remote(...)`, awaitable."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def remote(self, *args: Any) -> asyncio.Future[Any]:
+        self.calls.append(args)
+        pixels = args[0]
+        assert isinstance(pixels, Pixels)  # decoded here and sent by value, never a Task
+        return asyncio.ensure_future(asyncio.sleep(0, {"rows": len(pixels.array), "errors": sorted(pixels.errors)}))
+
+
+def backend(handle: Handle, limits: Limits | None = None) -> ServeBackend:
+    return ServeBackend(None, {"fp32": handle}, ledger=None, decoder=Decoder(limits or Limits()))  # type: ignore[arg-type]
+
+
+def jpeg() -> bytes:
+    return cv_encode(".jpg", pattern_image(64, 96))
+
+
+def test_the_router_decodes_and_sends_the_pixels_on() -> None:
+    handle = Handle()
+
+    async def main() -> None:
+        b = backend(handle)
+        pixels = b.preprocess([jpeg(), png_16bit_rgba_bomb(), jpeg()], 32, time.time() + 10)
+        answer = await b.result(b.classify("fp32", pixels, 5, False, None))
+        assert answer == {"rows": 2, "errors": [1]}  # the bomb refused from its header, only its own position
+        again = await b.result(b.classify("fp32", pixels, 10, True, [0]))  # a shadow run: the same pixels
+        assert again == {"rows": 2, "errors": [1]} and handle.calls[1][1:] == (10, True, [0])
+        assert b.decoder is not None and b.decoder.budget.in_flight == 0
+
+    asyncio.run(main())
+
+
+def test_a_decode_past_its_deadline_is_the_services_503() -> None:
+    async def main() -> None:
+        b = backend(Handle())
+        with pytest.raises(ServiceError) as info:
+            await b.result(b.classify("fp32", b.preprocess([jpeg()], 32, time.time() - 1), 5, False, None))
+        assert info.value.code == "inference_timeout" and info.value.status == 503
+
+    asyncio.run(main())
+
+
+def test_cancelling_the_classify_call_cancels_its_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deadline or a client gone cancels the call; the decode behind it stops before its next image."""
+    slow = BlockingDecode()
+    monkeypatch.setattr(preprocessor_module, "preprocess", slow)
+    handle = Handle()
+
+    async def main() -> None:
+        b = backend(handle)
+        pixels = b.preprocess([jpeg(), jpeg()], 32, time.time() + 30)
+        call = b.classify("fp32", pixels, 5, False, None)
+        await asyncio.get_running_loop().run_in_executor(None, slow.started.wait, 30)
+        call.cancel()
+        slow.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        with pytest.raises(asyncio.CancelledError):  # the cancellation reached the decode (synchronously)
+            await pixels
+
+    asyncio.run(main())
+    assert len(slow.calls) == 1 and handle.calls == []  # the second image never started, no Classifier call
+
+
+def test_a_backend_has_exactly_one_way_to_decode() -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        ServeBackend(None, {}, ledger=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="exactly one"):
+        ServeBackend(object(), {}, ledger=None, decoder=Decoder(Limits()))  # type: ignore[arg-type]
+
+
+def test_local_yaml_decodes_in_the_router_and_prod_in_a_preprocessor() -> None:
+    local, prod = load_config("local.yaml"), load_config("prod.yaml")
+    assert validate_serve_config(local).decode_in == "router"
+    assert "Preprocessor" not in {d["name"] for d in local["applications"][0]["deployments"]}
+    assert validate_serve_config(prod).decode_in == "preprocessor"
+    assert AppArgs().decode_in == "preprocessor"
+
+
+def test_a_preprocessor_deployment_beside_decode_in_router_is_refused_naming_both() -> None:
+    cfg = load_config("local.yaml")
+    cfg["applications"][0]["deployments"].append({"name": "Preprocessor", "num_replicas": 1})
+    with pytest.raises(ValueError, match=r"deployments\[Preprocessor\].*decode_in is router"):
+        validate_serve_config(cfg)
