@@ -11,7 +11,8 @@ and 10x the capacity measured at 32 connections (the Python client of benchmarks
 
 Targets: "app" (configs/local.yaml + serve.env: beyond max_in_flight a bounded wait queue, then JSON 503s, paced
 beyond max_refusals_per_s), "app_paceonly" (no wait queue: max_queue_wait_s 0), "app_noqueue" (neither: a 503 at once
-beyond max_in_flight, the behaviour before both), and "triton" (PyTriton: its dynamic batcher queues without bound).
+beyond max_in_flight, the behaviour before both), "app_split" (as "app", but decoding in a Preprocessor deployment, not
+in the Router: prod.yaml's shape), and "triton" (PyTriton: its dynamic batcher queues without bound).
 Writes
 benchmarks/results/<date>-<host>-overload.json, .md and a PNG.
 """
@@ -49,6 +50,7 @@ TARGETS = {
     "app": run.Target("app", "this app (wait queue, paced refusals)", "local", 8000, ("sweep",)),
     "app_paceonly": run.Target("app_paceonly", "this app, paced refusals, no queue", "paceonly", 8000, ("sweep",)),
     "app_noqueue": run.Target("app_noqueue", "this app, refusing at once", "noqueue", 8000, ("sweep",)),
+    "app_split": run.Target("app_split", "this app, decode in a Preprocessor", "localsplit", 8000, ("sweep",)),
     "triton": dataclasses.replace(next(t for t in run.TARGETS if t.key == "triton"), workloads=("v2",)),
 }
 

@@ -44,7 +44,15 @@ REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 # Log lines (regular expressions) that mean a Serve deployment has failed: stop waiting for readiness.
 FAILED = ("DEPLOY_FAILED", r"Deploying app '[^']*' failed")
-APP_CONFIGS = ("local", "nobatch", "ortcpu", "split", "noqueue", "paceonly")  # configs/local.yaml, as is or changed
+APP_CONFIGS = (
+    "local",
+    "nobatch",
+    "ortcpu",
+    "split",
+    "localsplit",
+    "noqueue",
+    "paceonly",
+)  # configs/local.yaml, as is or changed
 # else /healthz; Triton's /v2/health/ready answers 200 before the model has loaded
 READY = {**dict.fromkeys(APP_CONFIGS, "/readyz"), "triton_peer": f"/v2/models/{MODEL_NAME}/ready"}
 TRITON_VENV = ".venv-triton"
@@ -93,14 +101,14 @@ def write_config(directory: Path, kind: str) -> Path:
     """configs/local.yaml with absolute model paths and, for kind "nobatch", every kind of batching off (one
     request per decode and Classifier call), for "ortcpu", every variant on ORT's CPU EP (engine: cpu), for "split",
     that and the images decoded in a Preprocessor deployment of their own (prod.yaml's shape; local.yaml decodes in
-    the Router), for
+    the Router; "localsplit": the Preprocessor without the engine change), for
     "noqueue", the Router's wait queue and refusal pacing off (a 503 at once beyond max_in_flight), for "paceonly",
     the wait queue off and refusals paced."""
     cfg = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
     app = cfg["applications"][0]
     for v in app["args"]["variants"].values():
         v.update(model_path=str(REPO / v["model_path"]), **({"engine": "cpu"} if kind in ("ortcpu", "split") else {}))
-    if kind == "split":  # the Router's quarter CPU again, and the Preprocessor local.yaml had before decode_in
+    if kind in ("split", "localsplit"):  # the Router's quarter CPU again, and the Preprocessor it had before decode_in
         app["args"]["decode_in"] = "preprocessor"
         app["deployments"][0]["ray_actor_options"]["num_cpus"] = 0.25
         pre = {"num_replicas": 1, "max_ongoing_requests": 32, "max_queued_requests": 256}
