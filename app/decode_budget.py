@@ -88,8 +88,8 @@ class DecodeBudget:
         if nbytes > self.max_bytes:
             raise ServiceError(
                 "decode_budget_exceeded",
-                f"decoding this image would take about {nbytes >> 20} MiB; a Preprocessor replica decodes "
-                f"at most {self.max_bytes >> 20} MiB at once",
+                f"decoding this image would take about {nbytes >> 20} MiB; a decoding replica (the Preprocessor, "
+                f"or the Router with decode_in: router) decodes at most {self.max_bytes >> 20} MiB at once",
             )
         nbytes = max(0, nbytes)
         if not self._waiters and self._fits(nbytes):

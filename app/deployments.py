@@ -1,9 +1,9 @@
 """The Router (HTTP ingress, A/B) and the ABLedger; the Preprocessor and Classifier live in their own modules.
 
 Data path: the Router reads and checks the request (app/http/), picks a variant and hands the
-images to the pipeline (app/pipeline/), which calls the Preprocessor (or, with `decode_in: router`,
-decodes in this process under the same DecodeBudget) and passes its DeploymentResponse straight into
-the Classifier. With Serve's handles by reference (its default) the
+images to the pipeline (app/pipeline/), which calls the Preprocessor and passes its DeploymentResponse
+straight into the Classifier (with `decode_in: router` it decodes in this process instead, under the same
+DecodeBudget, and sends the pixels on by value). With Serve's handles by reference (its default) the
 image tensor goes Preprocessor -> object store -> Classifier; with configs/serve.env's
 RAY_SERVE_THROUGHPUT_OPTIMIZED they send by value over gRPC, and Serve awaits that response in the
 Router and sends the pixels on. Measured here (README "Performance"), by value is still the cheaper

@@ -64,7 +64,12 @@ class ServeBackend:
         # Cancelling this call (a deadline, a failover abort, the client gone) cancels a decode still running too;
         # a finished one is unaffected, so a shadow run can reuse its pixels.
         decoded = await pixels
-        return await handle.remote(decoded, top_k, full, *extra)
+        response = handle.remote(decoded, top_k, full, *extra)
+        try:
+            return await response
+        except asyncio.CancelledError:  # as a DeploymentResponse passed to the pipeline would be: cancelled at Serve
+            response.cancel()
+            raise
 
     def describe(self, variant: str) -> Call:
         return self.classifiers[variant].describe.remote()

@@ -90,6 +90,42 @@ def test_cancelling_the_classify_call_cancels_its_decode(monkeypatch: pytest.Mon
     assert len(slow.calls) == 1 and handle.calls == []  # the second image never started, no Classifier call
 
 
+class Response:
+    """A Classifier call that never answers, and says whether Serve was asked to cancel it."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self._never: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def __await__(self) -> Any:
+        return self._never.__await__()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def test_cancelling_the_call_after_the_decode_cancels_the_classifier_request_at_serve() -> None:
+    """A deadline (or a client gone) on the classify call reaches Serve: the inference's batch slot is given back."""
+    responses: list[Response] = []
+
+    class Stuck:
+        def remote(self, *args: Any) -> Response:
+            responses.append(Response())
+            return responses[-1]
+
+    async def main() -> None:
+        b = ServeBackend(None, {"fp32": Stuck()}, ledger=None, decoder=Decoder(Limits()))  # type: ignore[arg-type]
+        call = b.classify("fp32", b.preprocess([jpeg()], 32, time.time() + 30), 5, False, None)
+        while not responses:  # the decode finished and the Classifier call went out
+            await asyncio.sleep(0.005)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert responses[0].cancelled
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
 def test_a_backend_has_exactly_one_way_to_decode() -> None:
     with pytest.raises(ValueError, match="exactly one"):
         ServeBackend(None, {}, ledger=None)  # type: ignore[arg-type]

@@ -64,7 +64,7 @@ class Failover:
             except ReplicaLost as e:
                 self.mark_failed(variant)
                 logger.warning(
-                    "Classifier_%s or the Preprocessor failed mid-request (%s)%s",
+                    "Classifier_%s or the decode failed mid-request (%s)%s",
                     variant,
                     e,
                     "; retrying once" if n == 0 else "",
@@ -76,7 +76,7 @@ class Failover:
         unavailable = failure is not None and failure.unavailable
         raise ServiceError(
             "variant_unavailable" if unavailable else "replica_failed",
-            f"Classifier_{choice.variant} or the Preprocessor failed ({failure}) and the retry too",
+            f"Classifier_{choice.variant} or the decode failed ({failure}) and the retry too",
             choice.variant,
         )
 

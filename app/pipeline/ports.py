@@ -23,7 +23,8 @@ class ReplicaLost(RuntimeError):
 
 
 class Backend(Protocol):
-    """The Preprocessor, the Classifiers and the A/B ledger, as the pipeline sees them."""
+    """The decode (a Preprocessor, or the Router's own), the Classifiers and the A/B ledger, as the pipeline sees
+    them."""
 
     def preprocess(self, images: list[bytes], size: int, wall_deadline: float) -> Call:
         """Decode and resize; the answer (Pixels) is passed on to `classify` without coming back here."""

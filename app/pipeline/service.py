@@ -1,9 +1,9 @@
 """The request pipeline put together: `classify(...) -> Outcome` for encoded images or ready pixels.
 
 Encoded images of every protocol (v1 single and batch, V2) ride the coalescer: at low load a
-request leaves at once; under load the requests waiting for a variant leave together, one
-Preprocessor call and one Classifier call for the lot. The Preprocessor's answer is handed
-straight to the Classifier (Serve resolves it there), so pixels never come back through here.
+request leaves at once; under load the requests waiting for a variant leave together, one decode
+and one Classifier call for the lot. The decode's answer (a Preprocessor call, or the Router's own
+decode: `Backend.preprocess`) is handed to the Classifier call as it is; the pipeline never reads it.
 """
 
 from __future__ import annotations

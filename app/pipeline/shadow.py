@@ -1,7 +1,7 @@
 """Shadowing: a sample of images re-run on the other variant off the response path, and the A/B evidence.
 
 Each image is sampled with probability `fraction`; only the sampled rows are re-run, on the
-pixels the Preprocessor already made. Under load shadows are shed first: beyond `max_in_flight`
+pixels already decoded for the answer. Under load shadows are shed first: beyond `max_in_flight`
 shadow runs a sample is dropped (and counted as dropped). The counts go to the ABLedger about
 once a second (`Evidence.flush_forever`).
 """
