@@ -52,19 +52,23 @@ class ServeBackend:
         # A DeploymentResponse passed in is resolved by Serve: in the Classifier's process by reference, here (then
         # sent on) by value, which configs/serve.env's gRPC between replicas is. A local decode is awaited here.
         handle = self.classifiers[variant]
-        extra = () if rows is None else (rows,)
         if isinstance(pixels, asyncio.Future):
-            return asyncio.ensure_future(self._classify_decoded(handle, pixels, top_k, full, extra))
-        return handle.remote(pixels, top_k, full, *extra)
+            return asyncio.ensure_future(self._classify_decoded(handle, pixels, top_k, full, rows))
+        if rows is None:
+            return handle.remote(pixels, top_k, full)
+        return handle.remote(pixels, top_k, full, rows)
 
     @staticmethod
     async def _classify_decoded(
-        handle: DeploymentHandle, pixels: asyncio.Future[Pixels], top_k: int, full: bool, extra: tuple[Any, ...]
+        handle: DeploymentHandle, pixels: asyncio.Future[Pixels], top_k: int, full: bool, rows: list[int] | None
     ) -> Any:
         # Cancelling this call (a deadline, a failover abort, the client gone) cancels a decode still running too;
         # a finished one is unaffected, so a shadow run can reuse its pixels.
         decoded = await pixels
-        response = handle.remote(decoded, top_k, full, *extra)
+        if rows is not None:  # a shadow run: only its sampled rows travel (the answer is the same, row by row)
+            picked = decoded.array[rows]
+            decoded = Pixels(picked, decoded.preprocess_ms, {}, [decoded.positions[r] for r in rows])
+        response = handle.remote(decoded, top_k, full)
         try:
             return await response
         except asyncio.CancelledError:  # as a DeploymentResponse passed to the pipeline would be: cancelled at Serve

@@ -10,6 +10,7 @@ import asyncio
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 
 import app.preprocessor as preprocessor_module
@@ -51,8 +52,10 @@ def test_the_router_decodes_and_sends_the_pixels_on() -> None:
         pixels = b.preprocess([jpeg(), png_16bit_rgba_bomb(), jpeg()], 32, time.time() + 10)
         answer = await b.result(b.classify("fp32", pixels, 5, False, None))
         assert answer == {"rows": 2, "errors": [1]}  # the bomb refused from its header, only its own position
-        again = await b.result(b.classify("fp32", pixels, 10, True, [0]))  # a shadow run: the same pixels
-        assert again == {"rows": 2, "errors": [1]} and handle.calls[1][1:] == (10, True, [0])
+        again = await b.result(b.classify("fp32", pixels, 10, True, [1]))  # a shadow run: the same pixels
+        assert again == {"rows": 1, "errors": []} and handle.calls[1][1:] == (10, True)  # only its rows travel
+        first, sampled = handle.calls[0][0], handle.calls[1][0]
+        assert sampled.positions == [2] and np.array_equal(sampled.array[0], first.array[1])
         assert b.decoder is not None and b.decoder.budget.in_flight == 0
 
     asyncio.run(main())
