@@ -210,6 +210,12 @@ def replicas_replaced(before: dict[str, Proc], after: dict[str, Proc]) -> dict[s
     return {"gone": sorted(k for k, _ in b - a), "new": sorted(k for k, _ in a - b)}
 
 
+def decode_allowance_mb(decoder: str, preprocessor_memory_mb: float, other_growth_mb: float) -> float:
+    """What a decoding replica may add over its idle RSS: the decode ceiling, and a decoding Router (decode_in:
+    router) other_growth_mb more for what it holds besides (bodies, the pipeline)."""
+    return preprocessor_memory_mb + (other_growth_mb if decoder != "Preprocessor" else 0.0)
+
+
 def memory_verdict(
     procs: dict[str, dict[str, Any]],
     preprocessor_memory_mb: float,
@@ -226,8 +232,8 @@ def memory_verdict(
     rows, failures = {}, []
     for key, m in procs.items():
         pre, peak = m["label"] == decoder, m["peak_mb"]
-        extra = other_growth_mb if decoder != "Preprocessor" else 0.0
-        base, allowed = (m["idle_mb"], preprocessor_memory_mb + extra) if pre else (m["start_mb"], other_growth_mb)
+        decoding = (m["idle_mb"], decode_allowance_mb(decoder, preprocessor_memory_mb, other_growth_mb))
+        base, allowed = decoding if pre else (m["start_mb"], other_growth_mb)
         row = rows[key] = dict(m)
         if m["replica"] and base is not None:
             row["limit_mb"] = round(base + allowed, 1)
@@ -531,11 +537,11 @@ def plot(result: dict[str, Any], out: Path) -> Path:
     for key, pts in sorted(rss.items()):
         if pts and max(v for _, v in pts) > 50:
             ax_mem.plot([t for t, _ in pts], [v for _, v in pts], lw=1, label=key)
+    decoder = _decoder(result)
     for key, idle in result["idle_mb"].items():
-        if key.startswith(_decoder(result) + "["):
-            extra = th["other_growth_mb"] if _decoder(result) != "Preprocessor" else 0.0  # as memory_verdict
-            ceiling = idle + th["preprocessor_memory_mb"] + extra
-            ax_mem.axhline(ceiling, color="k", ls=":", lw=0.8, label=f"{key} ceiling")
+        if key.startswith(decoder + "["):
+            allowed = decode_allowance_mb(decoder, th["preprocessor_memory_mb"], th.get("other_growth_mb", 0.0))
+            ax_mem.axhline(idle + allowed, color="k", ls=":", lw=0.8, label=f"{key} ceiling")
     ax_lat.axhline(th["max_p99_s"], color="tab:red", ls="--", lw=0.8, label=f"p99 limit {th['max_p99_s']:g} s")
     ax_lat.set(yscale="log", ylabel="probe latency (s)\ngreen 200, red other")
     ax_att.set_ylabel("attack answers per second\nby status (slow: ends)")
