@@ -9,7 +9,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.cascade import MarginEvidence
 from app.inferstats import ModelStatsTable
+from app.intervals import wilson_interval
 
 # Latency histogram: log-spaced bins from 0.1 ms to ~100 s, 8 per octave (each ~9% wide),
 # so p50/p99 come from merged counts with under 5% error and constant memory.
@@ -79,17 +81,6 @@ class PairStats:
         self.dropped += other.dropped
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float] | None:
-    """95% Wilson score interval for a proportion: sensible at 0, n and small n, unlike the normal one."""
-    if n == 0:
-        return None
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
 def compare_top(primary: list[tuple[int, float]], shadow: list[tuple[int, float]]) -> tuple[bool, float, float]:
     """(top-1 agrees, top-5 overlap in [0, 1], |Δp| of each side's top-1 probability)."""
     top5_a = {c for c, _ in primary[:5]}
@@ -104,6 +95,8 @@ class ABStats:
     pairs: dict[str, PairStats] = field(default_factory=dict)  # key "a|b", names sorted
     # Triton's per-model statistics ride along to the ledger (app/inferstats.py); not part of `summary`.
     models: ModelStatsTable = field(default_factory=ModelStatsTable)
+    # A cascade's evidence (app/cascade.py): "first>then" -> first's margin against agreement with then.
+    margins: dict[str, MarginEvidence] = field(default_factory=dict)
 
     def record_request(self, variant: str, latency_ms: float, ok: bool) -> None:
         v = self.variants.setdefault(variant, VariantStats())
@@ -119,6 +112,9 @@ class ABStats:
         p.top5_overlap_sum += top5_overlap
         p.abs_dp_sum += abs_dp
 
+    def record_margin(self, first: str, then: str, margin: float, agreed: bool) -> None:
+        self.margins.setdefault(f"{first}>{then}", MarginEvidence()).add(margin, agreed)
+
     def record_dropped_shadow(self, a: str, b: str) -> None:
         self.pairs.setdefault("|".join(sorted((a, b))), PairStats()).dropped += 1
 
@@ -128,9 +124,11 @@ class ABStats:
         for k, p in other.pairs.items():
             self.pairs.setdefault(k, PairStats()).merge(p)
         self.models.merge(other.models)
+        for k, m in other.margins.items():
+            self.margins.setdefault(k, MarginEvidence()).merge(m)
 
     def empty(self) -> bool:
-        return not self.variants and not self.pairs and self.models.empty()
+        return not self.variants and not self.pairs and not self.margins and self.models.empty()
 
     def summary(self) -> dict[str, Any]:
         variants = {

@@ -147,6 +147,53 @@ class Limits(_Strict):
         return self
 
 
+class CaptureArgs(_Strict):
+    """Opt-in: keep the images on which a cascade's two variants disagree, as a calibration set for the next build.
+
+    The encoded images as received (no V2 pixel tensors), one file each under `dir`/<cascade>, with a .json
+    beside it (both answers, the margin); `python -m app.models quantize --calibration-dir` reads the
+    directory as it is. Bounded in count, bytes and age; the oldest go first. They are user data: README
+    "Cascade" says what that means."""
+
+    enabled: bool = Field(False, description="keep the disagreements (off unless asked for)")
+    dir: str = Field("captures", description="where; a relative path is relative to the working directory")
+    max_images: int = Field(1000, gt=0, le=1_000_000, description="images kept per cascade and Router; oldest go")
+    max_bytes: int = Field(256 * 1024 * 1024, gt=0, description="their bytes per cascade and Router; oldest go")
+    retention_s: float = Field(7 * 86400, gt=0, description="an image older than this is deleted")
+
+
+class CascadeArgs(_Strict):
+    """A routable variant made of two: every image on `first`, the uncertain ones again on `then`."""
+
+    first: str = Field(description="the variant every image runs on (e.g. int8)")
+    then: str = Field(description="the variant an image goes on to when first's top-1 margin is below the threshold")
+    margin: float | Literal["auto"] = Field(
+        "auto",
+        description="the threshold on first's top-1 minus top-2 probability, in [0, 1] (0: never escalate, 1: "
+        "always); auto: fitted from the A/B shadows' comparisons of first with then, to reach target_agreement "
+        "with the fewest escalations",
+    )
+    target_agreement: float = Field(0.995, gt=0, le=1, description="auto: top-1 agreement with `then` to reach")
+    min_samples: int = Field(
+        1000, gt=0, description="auto: comparisons needed before a fit; until then default_margin stands"
+    )
+    default_margin: float = Field(
+        0.5, ge=0, le=1, description="auto: the threshold until min_samples comparisons (conservative: escalates more)"
+    )
+    description: str = Field("", description="shown in GET /v1/models")
+    capture: CaptureArgs = Field(default_factory=CaptureArgs)
+
+    @field_validator("margin")
+    @classmethod
+    def _margin_in_range(cls, v: float | str) -> float | str:
+        if not isinstance(v, str) and not 0.0 <= v <= 1.0:
+            raise ValueError(f"margin must be in [0, 1] or auto, got {v}")
+        return v
+
+
+CASCADE_NAME = re.compile(r"^[A-Za-z0-9_>-]*>[A-Za-z0-9_>-]*$")  # int8>fp32; two of one pair: int8>fp32-all
+
+
 class AppArgs(_Strict):
     """Arguments of `app.main:build_app` (the `args:` block of a Serve config)."""
 
@@ -182,6 +229,11 @@ class AppArgs(_Strict):
         "fewer: measured here at c=1, p50 a third lower (46.9 -> 29.8 ms) and 36.6 against 49.4 CPU-ms per image, "
         'at c=32 within the noise (README "Performance")',
     )
+    cascades: dict[str, CascadeArgs] = Field(
+        default_factory=dict,
+        description='name ("int8>fp32") -> a cascade: routable like a variant (weights, the override header, '
+        'shadows, rollouts), no deployment of its own (README "Cascade")',
+    )
     tensorrt: TensorRTArgs = Field(default_factory=TensorRTArgs)
     speed_gate: SpeedGateArgs | None = Field(None, description="refuse or flag variants not faster than a baseline")
 
@@ -192,6 +244,25 @@ class AppArgs(_Strict):
                 f"speed_gate.baseline {self.speed_gate.baseline!r} is not a variant ({sorted(self.variants)})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _cascades_known(self) -> AppArgs:
+        for name, c in self.cascades.items():
+            if not CASCADE_NAME.match(name):
+                raise ValueError(f"cascade name {name!r}: letters, digits, '-', '_' and a '>', e.g. int8>fp32")
+            if name in self.variants:
+                raise ValueError(f"cascade {name!r} has a variant's name")
+            missing = sorted({c.first, c.then} - set(self.variants))
+            if missing:
+                raise ValueError(f"cascades[{name}]: {missing} not among the variants {sorted(self.variants)}")
+            if c.first == c.then:
+                raise ValueError(f"cascades[{name}]: first and then are both {c.first!r}")
+        return self
+
+    @property
+    def routable(self) -> list[str]:
+        """What a request can be routed to: the variants, then the cascades."""
+        return [*sorted(self.variants), *sorted(self.cascades)]
 
     @field_validator("variants")
     @classmethod
@@ -464,9 +535,9 @@ def validate_serve_config(cfg: dict, app_index: int = 0) -> AppArgs:
             f"(x2 with paced refusals) + max_slow_bodies ({router.max_ongoing_needed()}): Serve would queue or "
             "refuse (with its own text 503) the requests the Router means to hold or answer"
         )
-    unknown = sorted(set(router.weights) - set(args.variants))
+    unknown = sorted(set(router.weights) - set(args.routable))
     if unknown:
-        raise ValueError(f"deployments[Router].user_config.weights: unknown variants {unknown}")
+        raise ValueError(f"deployments[Router].user_config.weights: unknown variants or cascades {unknown}")
     for variant in args.variants:
         name = classifier_deployment_name(variant)
         c = field(name, ClassifierConfig)

@@ -71,9 +71,15 @@ class ABLedger:
     def summary(self) -> dict[str, Any]:
         return {"since": self.since, **self.stats.summary()}
 
+    def margins(self) -> dict[str, dict[str, list[int]]]:
+        """The cascades' evidence, merged over every Router ("first>then" -> counts by margin): each Router fits
+        its `margin: auto` thresholds from it (app/pipeline/cascading.py)."""
+        return {k: m.to_dict() for k, m in self.stats.margins.items()}
+
     def reset(self) -> dict[str, Any]:
         before = self.summary()
         self.stats, self.since = ABStats(models=self.stats.models), time.time()  # Triton's counters only grow
+        # The cascades' evidence goes with the rest: an auto threshold falls back to its default until refitted.
         return before
 
     def model_stats(self) -> ModelStatsTable:

@@ -90,6 +90,9 @@ class ServeBackend:
     def ledger_reset(self) -> Call:
         return self.ledger.reset.remote()
 
+    def ledger_margins(self) -> Call:
+        return self.ledger.margins.remote()
+
     def ledger_model_stats(self) -> Call:
         return self.ledger.model_stats.remote()
 

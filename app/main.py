@@ -85,7 +85,7 @@ def build_app(args: AppArgs) -> Application:
         else None  # the Router decodes (AppArgs.decode_in)
     )
     ledger = ABLedger.bind()  # type: ignore[attr-defined]
-    controller = RolloutController.bind(ledger, sorted(args.variants))  # type: ignore[attr-defined]
+    controller = RolloutController.bind(ledger, args.routable)  # type: ignore[attr-defined]
     return Router.bind(  # type: ignore[attr-defined]
         preprocessor,
         classifiers,

@@ -31,7 +31,7 @@ INPUT_BYTES = [1e3, 1e4, 3e4, 1e5, 3e5, 1e6, 3e6, 1e7]
 INPUT_PIXELS = [1e4, 5e4, 1e5, 3e5, 1e6, 2e6, 5e6, 1.2e7, 4e7]
 ABS_DP = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5]
 
-STAGES = ("receive", "preprocess", "queue", "inference", "total")
+STAGES = ("receive", "preprocess", "queue", "inference", "escalation", "total")  # escalation: a cascade's 2nd
 
 
 class RouterMetrics:
@@ -65,7 +65,24 @@ class RouterMetrics:
             tag_keys=("pair",),
         )
 
-    # The pipeline's ShadowMetrics (app/pipeline/ports.py).
+        self.cascade = Counter(
+            "app_cascade_images_total",
+            "Images answered by a cascade, by outcome: kept (first's answer), escalated (then's), escalation_failed",
+            tag_keys=("cascade", "outcome"),
+        )
+        self.cascade_threshold = Gauge(
+            "app_cascade_threshold", "A cascade's margin threshold in force (auto: as fitted)", tag_keys=("cascade",)
+        )
+        self.held = HeldGauges()
+
+    # The pipeline's PipelineMetrics (app/pipeline/ports.py).
+    def cascade_images(self, cascade: str, outcome: str, n: int) -> None:
+        self.cascade.inc(n, tags={"cascade": cascade, "outcome": outcome})
+
+    def cascade_thresholds(self, thresholds: dict[str, float]) -> None:
+        if thresholds:
+            self.held.replace(self.cascade_threshold, [({"cascade": c}, t) for c, t in thresholds.items()])
+
     def shadow_outcome(self, pair: str, outcome: str, n: int = 1) -> None:
         self.shadow.inc(n, tags={"pair": pair, "outcome": outcome})
 

@@ -239,12 +239,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     env = print_environment()
     result = {"environment": env, **run(4 if args.quick else args.per_photo, engine=args.engine)}
-    stem = args.out_dir / f"{stamp()}-{host_name()}-cascade"
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    md = to_markdown(result)
-    print(md, write_report(stem, result, md), sep="\n")
-    plot(result, Path(f"{stem}.png"))
+    save(result, args.out_dir / f"{stamp()}-{host_name()}-cascade", to_markdown, plot)
     return 0
+
+
+def save(result: dict[str, Any], stem: Path, markdown: Any, plotter: Any) -> None:
+    """<stem>.json, .md (printed too) and .png."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    md = markdown(result)
+    print(md, write_report(stem, result, md), sep="\n")
+    plotter(result, Path(f"{stem}.png"))
 
 
 if __name__ == "__main__":

@@ -61,6 +61,11 @@ def local_config(model_files: ModelFiles, **router_overrides: Any) -> dict[str, 
     app = cfg["applications"][0]
     app["args"]["variants"]["int8"]["model_path"] = str(model_files.int8)
     app["args"]["variants"]["fp32"]["model_path"] = str(model_files.fp32)
+    # Beside local.yaml's auto cascade, two fixed ones: every image on to FP32, and none (tests/test_app.py).
+    app["args"]["cascades"] |= {
+        "int8>fp32-all": {"first": "int8", "then": "fp32", "margin": 1.0},
+        "int8>fp32-none": {"first": "int8", "then": "fp32", "margin": 0.0},
+    }
     router = deployment(cfg, "Router")
     router["user_config"].update(router_overrides)
     return cfg

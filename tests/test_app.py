@@ -249,3 +249,50 @@ def test_an_image_over_grpcs_default_4_mib_message_limit_is_classified(local_app
     assert ok and 4 * 2**20 < len(png) < 10 * 2**20
     r = post_image(local_app.url, png.tobytes(), {"Content-Type": "image/png"})
     assert r.status_code == 200, r.text
+
+
+# --------------------------------------------------------------------------- the cascade (README "Cascade")
+
+CASCADE_PHOTOS = ["chelsea", "coffee", "astronaut", "rocket", "grace_hopper"]
+
+
+def _answers(url: str, variant: str) -> list[dict[str, Any]]:
+    out = []
+    for photo in CASCADE_PHOTOS:
+        r = post_image(url, sample_bytes(photo), {"X-Model-Variant": variant})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-model-variant"] == variant
+        out.append({**r.json(), "server_timing": r.headers["server-timing"]})
+    return out
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """The same classes in the same order, the same probabilities (to 1e-4: a batch of another size may round
+    differently)."""
+    pa, pb = a["predictions"], b["predictions"]
+    return [p["class_id"] for p in pa] == [p["class_id"] for p in pb] and all(
+        abs(x["score"] - y["score"]) < 1e-4 for x, y in zip(pa, pb, strict=True)
+    )
+
+
+def test_cascades_answer_as_their_margin_says_on_the_real_models(local_app: ServeDeployer) -> None:
+    url = local_app.url
+    int8, fp32 = _answers(url, "int8"), _answers(url, "fp32")
+    everything, nothing = _answers(url, "int8>fp32-all"), _answers(url, "int8>fp32-none")
+    auto = _answers(url, "int8>fp32")  # local.yaml's: no evidence yet, so its default threshold, 0.5
+    for i, photo in enumerate(CASCADE_PHOTOS):
+        assert everything[i]["cascade"]["escalated"] is True and _same(everything[i], fp32[i]), photo
+        assert nothing[i]["cascade"]["escalated"] is False and _same(nothing[i], int8[i]), photo
+        assert "escalation;dur=" in everything[i]["server_timing"]
+        c = auto[i]["cascade"]
+        top = int8[i]["predictions"]
+        assert c["threshold"] == 0.5 and c["first"] == "int8" and c["then"] == "fp32"
+        assert c["margin"] == pytest.approx(top[0]["score"] - top[1]["score"], abs=1e-4), photo
+        assert c["escalated"] == (c["margin"] < 0.5), photo
+        assert _same(auto[i], fp32[i] if c["escalated"] else int8[i]), photo
+    assert any(a["cascade"]["escalated"] for a in auto) and not all(a["cascade"]["escalated"] for a in auto)
+    models = httpx.get(url + "/v1/models", timeout=10).json()
+    assert models["cascades"]["int8>fp32"]["margin"] == "auto" and models["cascades"]["int8>fp32"]["weight"] == 0
+    summary = httpx.get(url + "/v1/ab/summary", timeout=10).json()
+    fit = summary["cascades"]["int8>fp32"]["fit"]
+    assert fit["fitted"] is False and fit["threshold"] == 0.5

@@ -528,3 +528,22 @@ def test_engine_auto_is_judged_against_the_forced_cpu_ep_only_when_it_chose_open
     rows = [dict(zip(TARGET_HEADERS, r, strict=True)) for r in engine_rows(result)]
     assert rows[0]["met"] is None and "chose the CPU EP" in rows[0]["goal"]
     assert rows[1]["met"] is False
+
+
+def test_cascade_served_configs_deploy_as_written_and_the_summary_divides_by_fp32(tmp_path: Path) -> None:
+    import yaml
+
+    from app.config import validate_serve_config
+    from benchmarks.cascade_served import CASCADE, config, summarize
+
+    for cascade, shadow in (({"margin": "auto", "min_samples": 180}, 1.0), ({"margin": 0.31}, 0.0)):
+        cfg = yaml.safe_load(config(tmp_path, cascade, shadow).read_text())
+        args = validate_serve_config(cfg)
+        assert args.cascades[CASCADE].margin == cascade["margin"]
+        assert all(v.engine == "cpu" for v in args.variants.values())  # both starts: the same INT8 kernels
+        assert cfg["applications"][0]["deployments"][0]["user_config"]["shadow_fraction"] == shadow
+    steps = [
+        {"variant": v, "images_per_s": r} for v, r in (("fp32", 40.0), ("int8", 60.0), (CASCADE, 45.0), ("fp32", 50.0))
+    ]
+    s = summarize({"threshold": 0.31, "measured": {"steps": steps, "agreement": 0.99, "escalation": 0.6}})
+    assert s["vs_fp32"] == {"int8": 1.333, CASCADE: 1.0} and s["img_per_s"]["fp32 (mean of first and last)"] == 45.0

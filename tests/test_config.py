@@ -124,7 +124,7 @@ def test_batch_larger_than_max_ongoing_requests_is_refused() -> None:
 def test_weights_for_unknown_variants_are_refused() -> None:
     cfg = copy.deepcopy(load_config("local.yaml"))
     deployment(cfg, "Router")["user_config"]["weights"] = {"int4": 1}
-    with pytest.raises(ValueError, match=r"weights: unknown variants \['int4'\]"):
+    with pytest.raises(ValueError, match=r"weights: unknown variants or cascades \['int4'\]"):
         validate_serve_config(cfg)
 
 

@@ -109,14 +109,20 @@ class FakeBackend:
                 raise ReplicaLost("RayActorError")
             arr = px.array if rows is None else px.array[rows]
             self.classified.append((variant, len(arr)))
-            top = [top_of(bytes([int(r[0]) % 250])) for r in arr]
-            logits = np.asarray(arr, dtype=np.float32) if full else None
+            top = [self.top_for(variant, int(r[0])) for r in arr]
+            logits = self.logits_for(variant, arr) if full else None
             positions = px.positions if rows is None else [px.positions[r] for r in rows]
             return Scores(top, px.preprocess_ms, 2.0, 3.0, len(arr), variant, "CPU", dict(px.errors), positions, logits)
 
         call = FakeCall(go())
         self.calls.append(call)
         return call
+
+    def top_for(self, variant: str, value: int) -> list[tuple[int, float]]:
+        return top_of(bytes([value % 250]))
+
+    def logits_for(self, variant: str, rows: np.ndarray) -> np.ndarray:
+        return np.asarray(rows, dtype=np.float32)
 
     def describe(self, variant: str) -> FakeCall:
         async def go() -> dict[str, Any]:
@@ -147,6 +153,15 @@ class FakeBackend:
     def ledger_model_stats(self) -> FakeCall:
         return self.describe("")
 
+    def ledger_margins(self) -> FakeCall:
+        async def go() -> dict[str, Any]:
+            merged = ABStats()
+            for delta in self.ledger:
+                merged.merge(delta)
+            return {k: m.to_dict() for k, m in merged.margins.items()}
+
+        return FakeCall(go())
+
     def ledger_poll(self, config_id: str, weights: dict[str, float]) -> FakeCall:
         async def go() -> None:
             return None
@@ -176,6 +191,9 @@ class Metrics:
 
     def shadow_delta(self, pair: str, abs_dp: float) -> None:
         self.deltas.append(abs_dp)
+
+    def cascade_images(self, cascade: str, outcome: str, n: int) -> None:
+        self.outcomes[f"{cascade}:{outcome}"] = self.outcomes.get(f"{cascade}:{outcome}", 0) + n
 
 
 def pipeline(backend: FakeBackend, **cfg: Any) -> Pipeline:

@@ -97,7 +97,7 @@ def test_a_candidate_that_agrees_is_promoted_step_by_step(local_app: ServeDeploy
     steps = done["steps"]
     assert [s["weight"] for s in steps] == [50.0, 100.0] and all(s["decision"] == "advance" for s in steps)
     assert all(s["samples"] >= FAST["min_samples"] and s["ci"][0] >= FAST["min_agreement"] for s in steps)
-    assert done["user_config"] == {"weights": {"fp32": 0.0, "int8": 100.0}}
+    assert done["user_config"] == {"weights": {"fp32": 0.0, "int8": 100.0, "int8>fp32": 0.0}}  # local.yaml's cascade
     wait_until(lambda: fractions(local_app) == {"int8": 1.0}, 30, 0.5, "every Router at the end")
 
 

@@ -19,6 +19,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from app.body import INLINE_INFLATE_BYTES, BodyGate, check_encoding, content_length, inflate
+from app.capture import CaptureStore
+from app.cascade import MarginEvidence
 from app.config import AppArgs, RouterConfig
 from app.errors import ServiceError
 from app.guards import admin_token, check_admin, check_url
@@ -49,15 +51,21 @@ class Ingress:
         self.args = args
         self.decoder_state = decoder_state
         self.limits = args.limits
-        self.variants = variants
-        self.known = frozenset(variants)
+        self.variants = variants  # the Classifiers
+        self.known = frozenset([*variants, *args.cascades])  # what a request can be routed to
         self.labels = labels
         self.replica = replica
         self.metrics = RouterMetrics()
         self.replies = Replies(self.metrics)
         self.rng = random.Random()
-        self.pipeline = Pipeline(backend, variants, self.metrics, self.metrics.cancelled.inc, self.rng)
-        self.pipeline.evidence.poller = self.poll_rollout
+        self.pipeline = Pipeline(
+            backend, variants, self.metrics, self.metrics.cancelled.inc, self.rng, dict(args.cascades)
+        )
+        self.pipeline.evidence.poller = self.after_flush
+        self.metrics.cascade_thresholds(self.pipeline.cascades.thresholds())
+        captures = {n: c.capture for n, c in args.cascades.items() if c.capture.enabled}
+        if captures:
+            self.pipeline.cascader.capture = CaptureStore(captures)
         self.bodies = BodyGate()  # bodies still arriving: before admission, with their own deadline
         self.parsers = ParsePool()  # large V2 JSON is parsed in a child process (CPython's json holds the GIL)
         self.inflater = ThreadPoolExecutor(max_workers=2, thread_name_prefix="inflate")  # zlib frees the GIL
@@ -94,12 +102,34 @@ class Ingress:
         )
 
     def _use(self, cfg: RouterConfig) -> None:
-        unknown = sorted(set(cfg.weights) - set(self.variants))
+        unknown = sorted(set(cfg.weights) - self.known)
         if unknown:
-            raise ValueError(f"user_config.weights names unknown variants {unknown}; deployed: {self.variants}")
+            raise ValueError(f"user_config.weights names unknown variants {unknown}; deployed: {sorted(self.known)}")
         self.split = WeightedSplit(cfg.weights)
         self.cfg = cfg
         self.pipeline.configure(cfg, self.split)
+
+    async def after_flush(self) -> None:
+        """About once a second, after the A/B flush: the rollout's weights, then the cascades' auto thresholds."""
+        await self.poll_rollout()
+        await self.refit_cascades()
+        capture = self.pipeline.cascader.capture
+        if isinstance(capture, CaptureStore):
+            capture.maybe_sweep()
+
+    async def refit_cascades(self, timeout_s: float = 5.0) -> None:
+        """`margin: auto` thresholds from the ledger's evidence, merged over every Router."""
+        cascades = self.pipeline.cascades
+        if not cascades.any_auto():
+            return
+        try:
+            raw = await self.pipeline.ask(self.pipeline.backend.ledger_margins(), timeout_s)
+            margins = {k: MarginEvidence.from_dict(v) for k, v in raw.items()}
+        except Exception as e:  # the ledger is best-effort: keep the thresholds we have
+            logger.debug("cascade evidence not read: %s", type(e).__name__)
+            return
+        if cascades.refit(margins):
+            self.metrics.cascade_thresholds(cascades.thresholds())
 
     async def poll_rollout(self, timeout_s: float = 5.0) -> None:
         """About once a second (after the A/B flush): the rollout controller's weights from the ledger, if any."""
@@ -237,6 +267,7 @@ class Ingress:
             "cancelled_requests": self.pipeline.admission.cancelled,
             "admission": self.pipeline.admission.describe(),
             "decode": {"where": self.args.decode_in, **(self.decoder_state() if self.decoder_state else {})},
+            "cascades": self.cascades_state(),
             "bodies": {
                 "slow_now": self.bodies.slow,
                 "timed_out": self.bodies.timed_out,
@@ -244,6 +275,15 @@ class Ingress:
             },
             "json_parsers": {"started": self.parsers.started, "parsed": self.parsers.parsed},
         }
+
+    def cascades_state(self) -> dict[str, Any]:
+        """Each cascade's threshold and fit, with its capture's state when it keeps images."""
+        out = self.pipeline.cascades.describe()
+        capture = self.pipeline.cascader.capture
+        if isinstance(capture, CaptureStore):
+            for name, shelf in capture.describe().items():
+                out[name]["capture"] = shelf
+        return out
 
 
 def _headers(request: Request | Headers) -> Headers:

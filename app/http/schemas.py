@@ -66,6 +66,7 @@ class EntryTimings(_Body):
     preprocess: float
     queue: float
     inference: float
+    escalation: float | None = Field(None, description="a cascade's second stage (its `then`), when one answered")
     batch_size: int = Field(ge=0)
 
 
@@ -76,6 +77,19 @@ class RequestTimings(EntryTimings):
     total: float
 
 
+class CascadeReply(_Body):
+    """How a cascade answered this image: `first`'s answer, or `then`'s when first's margin was below the threshold."""
+
+    escalated: bool = Field(description="true: `then` answered; false: `first`'s answer stands")
+    margin: float = Field(ge=0, le=1, description="first's top-1 minus top-2 probability")
+    threshold: float = Field(ge=0, le=1, description="the threshold in force (margin auto: as fitted)")
+    first: str
+    then: str
+    escalation_failed: str | None = Field(
+        None, description="present when the image was meant to go on but `then` could not answer (its error code)"
+    )
+
+
 class _Classification(_Body):
     request_id: str = Field(description="as in X-Request-Id; a batch entry's is `<request_id>-<position>`")
     variant: str = Field(description="the variant that answered (also the X-Model-Variant response header)")
@@ -83,6 +97,7 @@ class _Classification(_Body):
     predictions: list[Prediction] = Field(description="top_k classes, best first")
     routing: Literal["weighted", "sticky", "override"] = Field(description="why the request went to its variant")
     failover: bool = Field(False, description="present (true) only when another variant answered for a down one")
+    cascade: CascadeReply | None = Field(None, description="present only when a cascade answered")
 
 
 class ClassifyResponse(_Classification):
@@ -150,12 +165,74 @@ class PairEvidence(_Body):
     mean_abs_top1_prob_delta: float | None
 
 
+class CurvePoint(_Body):
+    threshold: float
+    agreement: float = Field(description="top-1 agreement with `then` at this threshold, as measured")
+    agreement_low: float = Field(description="its lower bound (the kept images' disagreement at its 95% Wilson top)")
+    escalation: float = Field(description="the share of images that would go on to `then`")
+
+
+class CascadeFit(_Body):
+    threshold: float
+    fitted: bool = Field(description="false: fewer than min_samples comparisons, default_margin stands")
+    samples: int
+    expected: CurvePoint | None
+    reason: str
+
+
+class CaptureInfo(_Body):
+    """The calibration capture's directory on this Router's node (AppArgs cascades.<name>.capture)."""
+
+    dir: str
+    images: int
+    bytes: int
+    max_images: int
+    max_bytes: int
+    retention_s: float
+    written: int
+    dropped: int
+    duplicates: int
+    unknown_format: int
+    errors: int
+
+
+class _CascadeBase(_Body):
+    first: str
+    then: str
+    margin: float | Literal["auto"]
+    threshold: float = Field(description="in force now")
+    target_agreement: float | None = None
+    min_samples: int | None = None
+    default_margin: float | None = None
+    fit: CascadeFit | None = None
+
+
+class EvidenceCount(_Body):
+    comparisons: int
+    disagreements: int
+
+
+class CascadeSummary(_CascadeBase):
+    evidence: EvidenceCount
+    curve: list[CurvePoint] = Field(description="thresholds 0.00 .. 1.00 (empty with no evidence)")
+
+
+class CascadeInfo(_CascadeBase):
+    weight: float
+    traffic_fraction: float
+    description: str
+    capture: CaptureInfo | None = None
+
+
 class ABSummary(_Body):
     """GET /v1/ab/summary: the A/B evidence of every Router since `since`."""
 
     since: float = Field(description="Unix time of the start or the last reset")
     variants: dict[str, VariantEvidence]
     pairs: dict[str, PairEvidence] = Field(description='key "a|b", the two variant names sorted')
+    cascades: dict[str, CascadeSummary] | None = Field(
+        None, description="each cascade's threshold, its fit and the curve it was fitted on (only with cascades)"
+    )
 
 
 class ABReset(_Body):
@@ -311,6 +388,7 @@ class ModelsResponse(_Body):
     cancelled_requests: int
     admission: AdmissionInfo
     decode: DecodeInfo
+    cascades: dict[str, CascadeInfo]
     bodies: BodiesInfo
     json_parsers: ParsersInfo
 

@@ -128,6 +128,9 @@ class V1:
         }
         if o.failed_over:
             body["failover"] = True
+        cascade = o.cascade_reply(pos)
+        if cascade is not None:
+            body["cascade"] = cascade
         return body
 
     # -- state ---------------------------------------------------------------------------
@@ -170,20 +173,28 @@ class V1:
                 "shadow_fraction",
             )
         }
+        summary = ing.summary()
+        for name, c in summary["cascades"].items():
+            share = {"weight": cfg.weights.get(name, 0.0), "traffic_fraction": split.fractions.get(name, 0.0)}
+            c |= {**share, "description": ing.args.cascades[name].description}
         return json_response(
             {
                 "model": ing.args.model_name,
                 "variants": variants,
                 "routing": routing,
                 "limits": ing.limits.model_dump(),
-                **ing.summary(),
+                **summary,
             }
         )
 
     async def ab_summary(self, request: Request) -> Response:
-        pipeline = self.ing.pipeline
+        ing, pipeline = self.ing, self.ing.pipeline
         await pipeline.evidence.flush()
-        return json_response(await pipeline.ask(pipeline.backend.ledger_summary(), 10.0))
+        summary = await pipeline.ask(pipeline.backend.ledger_summary(), 10.0)
+        if pipeline.cascades.states:  # their evidence is the ledger's too: the thresholds as of this moment
+            await ing.refit_cascades()
+            summary["cascades"] = pipeline.cascades.describe(with_curve=True)
+        return json_response(summary)
 
     async def ab_reset(self, request: Request) -> Response:
         """Zero the A/B counters (POST /v1/ab/reset); returns the summary as it was."""

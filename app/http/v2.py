@@ -196,6 +196,11 @@ class V2:
         parameters: dict[str, Any] = {"variant": outcome.variant, "routing": outcome.routing}
         if outcome.failed_over:
             parameters["failover"] = True
+        if outcome.cascade is not None and outcome.margins is not None:  # parameters are scalars: counts, not lists
+            parameters["cascade_escalated"] = sum(e for e, _ in outcome.margins.values())
+            parameters["cascade_threshold"] = outcome.cascade.threshold
+            if outcome.cascade.failed is not None:
+                parameters["cascade_escalation_failed"] = outcome.cascade.failed
         return outputs, parameters
 
     def account(

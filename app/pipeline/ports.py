@@ -44,6 +44,10 @@ class Backend(Protocol):
 
     def ledger_reset(self) -> Call: ...
 
+    def ledger_margins(self) -> Call:
+        """The cascades' merged evidence: "first>then" -> MarginEvidence.to_dict()."""
+        ...
+
     def ledger_model_stats(self) -> Call: ...
 
     def ledger_poll(self, config_id: str, weights: dict[str, float]) -> Call:
@@ -73,4 +77,13 @@ class ShadowMetrics(Protocol):
     def shadow_delta(self, pair: str, abs_dp: float) -> None: ...
 
 
-__all__ = ["Backend", "Call", "ReplicaLost", "Scores", "ShadowMetrics"]
+class CascadeMetrics(Protocol):
+    def cascade_images(self, cascade: str, outcome: str, n: int) -> None:
+        """Images of a cascade by outcome: kept (first's answer), escalated, escalation_failed."""
+        ...
+
+
+class PipelineMetrics(ShadowMetrics, CascadeMetrics, Protocol): ...
+
+
+__all__ = ["Backend", "Call", "CascadeMetrics", "PipelineMetrics", "ReplicaLost", "Scores", "ShadowMetrics"]

@@ -18,14 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from app.config import RouterConfig
+from app.cascade import escalate
+from app.config import CascadeArgs, RouterConfig
 from app.errors import ServiceError
 from app.guards import deadline_message, wall_deadline
 from app.payloads import Pixels, Scores
 from app.pipeline.admission import Admission, Limits
+from app.pipeline.cascading import Cascader, Cascades, Escalation
 from app.pipeline.coalescer import Coalescer, Waiter
 from app.pipeline.failover import Failover
-from app.pipeline.ports import Backend, Call, ReplicaLost, ShadowMetrics
+from app.pipeline.ports import Backend, Call, PipelineMetrics, ReplicaLost
 from app.pipeline.shadow import SHADOW_TOP_K, Evidence, Shadow
 from app.routing import Choice, WeightedSplit
 
@@ -51,9 +53,26 @@ class Outcome:
     inference_ms: float = 0.0
     batch_size: int = 0
     logits: np.ndarray | None = None  # [succeeded, classes] in position order, when asked for (`full`)
+    cascade: Escalation | None = None  # answered by a cascade: what its second stage did for the group
+    margins: dict[int, tuple[bool, float]] | None = None  # a cascade's: by position, (escalated, first's margin)
 
     def timings(self) -> dict[str, float]:
-        return {"preprocess": self.preprocess_ms, "queue": self.queue_ms, "inference": self.inference_ms}
+        out = {"preprocess": self.preprocess_ms, "queue": self.queue_ms, "inference": self.inference_ms}
+        if self.cascade is not None:
+            out["escalation"] = self.cascade.ms
+        return out
+
+    def cascade_reply(self, pos: int) -> dict[str, Any] | None:
+        """The reply's `cascade` field for the image at `pos`: whether it went on to `then`, and why."""
+        if self.cascade is None or self.margins is None or pos not in self.margins:
+            return None
+        escalated, m = self.margins[pos]
+        c = self.cascade
+        out: dict[str, Any] = {"escalated": escalated, "margin": round(m, 6), "threshold": c.threshold}
+        out |= {"first": c.cascade.first, "then": c.cascade.then}
+        if c.failed is not None and escalate(m, c.threshold):  # meant to go on, but `then` could not answer
+            out["escalation_failed"] = c.failed
+        return out
 
 
 @dataclass(frozen=True)
@@ -69,16 +88,19 @@ class Pipeline:
         self,
         backend: Backend,
         variants: list[str],
-        metrics: ShadowMetrics,
+        metrics: PipelineMetrics,
         on_cancel: Callable[[], None] = lambda: None,
         rng: random.Random | None = None,
+        cascades: dict[str, CascadeArgs] | None = None,
     ) -> None:
         self.backend = backend
         self.variants = variants
         self.admission = Admission(on_cancel)
         self.evidence = Evidence(backend)
-        self.shadow = Shadow(backend, variants, self.evidence, metrics, rng)
         self.failover = Failover(backend, variants)
+        self.cascades = Cascades(cascades or {})
+        self.cascader = Cascader(backend, self.failover, metrics)
+        self.shadow = Shadow(backend, variants, self.evidence, metrics, rng, self.cascades, self.cascader)
         self.coalescer: Coalescer[tuple[str, bool, bool]] = Coalescer(self._run_group, self._group_limits)
         self.settings: RouterConfig | None = None
         self._limits: Limits | None = None
@@ -130,12 +152,22 @@ class Pipeline:
     ) -> Outcome:
         """Ready pixels (a V2 tensor) straight to the Classifier."""
 
+        k = max(top_k, SHADOW_TOP_K)
+
         async def attempt(variant: str, deadline: float, abort: asyncio.Event | None) -> Scores:
-            call = self.backend.classify(variant, pixels, max(top_k, SHADOW_TOP_K), full, None)
+            call = self.backend.classify(variant, pixels, k, full, None)
             return await self.failover.call(call, deadline - time.perf_counter(), abort=abort, variant=variant)
 
-        scores, variant = await self._failover(choice, received, attempt)
-        return _outcome(scores, choice, variant, range(len(pixels.array)), 0)
+        cascade = self.cascades.get(choice.variant)
+        stage1 = Choice(cascade.first, choice.reason) if cascade else choice
+        scores, variant = await self._failover(stage1, received, attempt)
+        escalation = None
+        if cascade is not None and variant == cascade.first:
+            assert self.settings is not None
+            deadline = received + self.settings.inference_timeout_s
+            scores, escalation = await self.cascader.run(cascade, scores, pixels, k, full, deadline)
+            variant = cascade.name
+        return _outcome(scores, choice, variant, range(len(pixels.array)), 0, escalation)
 
     async def _failover(self, choice: Choice, received: float, attempt: Any) -> tuple[Any, str]:
         assert self.settings is not None and self.split is not None
@@ -158,16 +190,30 @@ class Pipeline:
             return await self.failover.call(call, left, pixels, abort=abort, variant=variant), pixels
 
         # The group's calls run until its newest request's deadline; an older one leaves at its own (classify).
-        (scores, pixels), variant = await self._failover(asks[0].choice, max(a.received for a in asks), attempt)
+        newest = max(a.received for a in asks)
+        cascade = self.cascades.get(key[0])  # a cascade's group runs on its `first`, then the uncertain rows on
+        stage1 = Choice(cascade.first, asks[0].choice.reason) if cascade else asks[0].choice  # its `then`
+        (scores, pixels), variant = await self._failover(stage1, newest, attempt)
+        assert self.settings is not None
+        escalation = None
+
+        def source(row: int) -> bytes:  # a row's encoded image (the capture keeps disagreements)
+            return images[scores.positions[row]]
+
+        if cascade is not None and variant == cascade.first:
+            deadline = newest + self.settings.inference_timeout_s
+            scores, escalation = await self.cascader.run(cascade, scores, pixels, top_k, full, deadline, source)
+            variant = cascade.name
         out, start = [], 0
         for w, ask in zip(group, asks, strict=True):
             n = len(w.images)
-            out.append(_outcome(scores, ask.choice, variant, range(start, start + n), ms(started - w.enqueued)))
+            waited = ms(started - w.enqueued)
+            out.append(_outcome(scores, ask.choice, variant, range(start, start + n), waited, escalation))
             start += n
-        assert self.settings is not None
         if scores.positions:
             try:  # the answers are ready: a shadow that cannot start must not fail them
-                self.shadow.maybe(scores, pixels, self.settings.shadow_fraction, self.settings.max_shadow_in_flight)
+                s = self.settings
+                self.shadow.maybe(scores, pixels, s.shadow_fraction, s.max_shadow_in_flight, escalation, source)
             except Exception:
                 logger.exception("shadow run not started")
         return out
@@ -181,8 +227,14 @@ class Pipeline:
         except ReplicaLost as e:
             raise ServiceError("variant_unavailable" if e.unavailable else "replica_failed", str(e)) from None
 
+    def classifier_of(self, variant: str) -> str:
+        """The Classifier a request for `variant` starts on: itself, or a cascade's `first`."""
+        cascade = self.cascades.get(variant)
+        return cascade.first if cascade is not None else variant
+
     async def spec(self, variant: str) -> dict[str, Any]:
-        """The model's input spec, read from the Classifier's session once, never assumed."""
+        """The model's input spec, read from the Classifier's session once, never assumed (a cascade's: its first's)."""
+        variant = self.classifier_of(variant)
         if variant not in self._specs:
             info = await self.ask(self.backend.describe(variant), 10.0)
             self._specs[variant] = info["input"]
@@ -193,7 +245,7 @@ class Pipeline:
 
     def known_size(self, variant: str) -> int | None:
         """The input size if known already (no call: a header check must not wait for one)."""
-        spec = self._specs.get(variant)
+        spec = self._specs.get(self.classifier_of(variant))
         return int(spec["size"][0]) if spec else None
 
     async def ready(self, variants: list[str]) -> dict[str, bool]:
@@ -201,11 +253,21 @@ class Pipeline:
         return {v: s is True for v, s in zip(variants, states, strict=True)}
 
 
-def _outcome(scores: Scores, choice: Choice, variant: str, positions: range, waited_ms: float) -> Outcome:
+def _outcome(
+    scores: Scores,
+    choice: Choice,
+    variant: str,
+    positions: range,
+    waited_ms: float,
+    escalation: Escalation | None = None,
+) -> Outcome:
     """The part of a group's Scores that belongs to the request whose images sit at `positions`."""
     rows = {pos: row for row, pos in enumerate(scores.positions)}
     mine = [p for p in positions if p in rows]
     logits = scores.logits[[rows[p] for p in mine]] if scores.logits is not None else None
+    margins = None
+    if escalation is not None:
+        margins = {p - positions.start: (escalation.escalated(rows[p]), escalation.margins[rows[p]]) for p in mine}
     return Outcome(
         variant=variant,
         routing=choice.reason,
@@ -217,4 +279,6 @@ def _outcome(scores: Scores, choice: Choice, variant: str, positions: range, wai
         inference_ms=scores.inference_ms,
         batch_size=scores.batch_size,
         logits=logits,
+        cascade=escalation,
+        margins=margins,
     )

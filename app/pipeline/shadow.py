@@ -15,7 +15,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from app.abstats import ABStats, compare_top
+from app.cascade import margin
 from app.payloads import Scores
+from app.pipeline.cascading import Cascader, Cascades, CascadeState, Escalation, Source, Top, cascade_top
 from app.pipeline.coalescer import detached_task
 from app.pipeline.ports import Backend, Call, ShadowMetrics
 
@@ -70,23 +72,41 @@ class Shadow:
         evidence: Evidence,
         metrics: ShadowMetrics,
         rng: random.Random | None = None,
+        cascades: Cascades | None = None,
+        cascader: Cascader | None = None,
     ) -> None:
         self.backend = backend
         self.variants = variants
         self.evidence = evidence
         self.metrics = metrics
         self.rng = rng or random.Random()
+        self.cascades = cascades or Cascades({})
+        self.cascader = cascader  # keeps a cascade's disagreements (its capture), when one is set
         self.running: set[asyncio.Task[None]] = set()
         self.pair: tuple[str, str] | None = None  # a rollout's candidate and baseline: shadowed on each other
 
     def partner(self, variant: str) -> str:
-        """The variant a request answered by `variant` is shadowed on: its rollout partner, else the first other."""
+        """The variant a request answered by `variant` is shadowed on: its rollout partner, else a cascade's `then`,
+        else the first other variant."""
         if self.pair is not None and variant in self.pair:
             return self.pair[1] if variant == self.pair[0] else self.pair[0]
+        state = self.cascades.get(variant)
+        if state is not None:
+            return state.then
         return next(v for v in self.variants if v != variant)
 
-    def maybe(self, primary: Scores, pixels: Call | Any, fraction: float, max_in_flight: int) -> list[int]:
-        """Sample rows of `primary` and re-run them on the other variant in the background; the rows sampled."""
+    def maybe(
+        self,
+        primary: Scores,
+        pixels: Call | Any,
+        fraction: float,
+        max_in_flight: int,
+        escalation: Escalation | None = None,
+        source: Source | None = None,
+    ) -> list[int]:
+        """Sample rows of `primary` and re-run them on the other variant in the background; the rows sampled.
+
+        `escalation`: what a cascade's second stage did for this group (primary is the cascade's answer)."""
         if fraction <= 0 or len(self.variants) < 2:
             return []
         rows = [i for i in range(len(primary.top)) if self.rng.random() < fraction]
@@ -96,7 +116,7 @@ class Shadow:
         if len(self.running) >= max_in_flight:  # shed shadows first under load
             self._lost(primary.variant, other, rows, "dropped")
             return rows
-        task = detached_task(self._run(primary, other, pixels, rows))
+        task = detached_task(self._run(primary, other, pixels, rows, escalation, source))
         self.running.add(task)
         task.add_done_callback(self.running.discard)
         return rows
@@ -106,20 +126,81 @@ class Shadow:
             self.evidence.stats.record_dropped_shadow(variant, other)
         self.metrics.shadow_outcome(_pair(variant, other), outcome, len(rows))
 
-    async def _run(self, primary: Scores, other: str, pixels: Any, rows: list[int]) -> None:
+    async def _run(
+        self,
+        primary: Scores,
+        other: str,
+        pixels: Any,
+        rows: list[int],
+        escalation: Escalation | None,
+        source: Source | None,
+    ) -> None:
+        esc = escalation if escalation is not None and other == escalation.cascade.then else None
+        known = [r for r in rows if esc is not None and esc.escalated(r)]
+        ask = [r for r in rows if r not in known]  # an escalated row's `then` answer is the cascade's own
+        first_of: dict[int, Top] = {}  # the shadow cascade's `first` answer, by row
+        try:
+            shadow_top = await self._shadow_top(primary, other, pixels, ask, first_of)
+        except Exception:
+            self._lost(primary.variant, other, rows, "failed")
+            return
+        answers = dict(zip(ask, shadow_top, strict=True)) | {r: primary.top[r] for r in known}
+        pair = _pair(primary.variant, other)
+        stats = self.evidence.stats
+        for row in rows:
+            mine, theirs = primary.top[row], answers[row]
+            agree, overlap, dp = compare_top(mine, theirs)
+            stats.record_shadow(primary.variant, other, agree, overlap, dp)
+            self.metrics.shadow_outcome(pair, "agree" if agree else "disagree")
+            self.metrics.shadow_delta(pair, dp)
+            found = self._comparisons(primary.variant, other, row, mine, theirs, escalation, first_of)
+            for state, first, then in found:
+                stats.record_margin(state.first, state.then, margin(first), first[0][0] == then[0][0])
+                if self.cascader is not None and source is not None:
+                    self.cascader.keep_disagreement(state, source(row), first, then)
+
+    async def _shadow_top(
+        self, primary: Scores, other: str, pixels: Any, rows: list[int], first_of: dict[int, Top]
+    ) -> list[Top]:
+        if not rows:
+            return []
+        state = self.cascades.get(other)
+        if state is not None:  # shadowed on a cascade: run it (its `then` is not asked again if it answered)
+            then_top = [primary.top[r] for r in rows] if primary.variant == state.then else None
+            answer, first = await cascade_top(self.backend, state, pixels, rows, then_top, SHADOW_TIMEOUT_S)
+            first_of.update(zip(rows, first, strict=True))
+            return answer
         call = self.backend.classify(other, pixels, SHADOW_TOP_K, False, rows)
         try:
             shadow = await asyncio.wait_for(self.backend.result(call), SHADOW_TIMEOUT_S)
-        except Exception:
+        except BaseException:
             call.cancel()
-            self._lost(primary.variant, other, rows, "failed")
-            return
-        pair = _pair(primary.variant, other)
-        for row, shadow_top in zip(rows, shadow.top, strict=True):
-            agree, overlap, dp = compare_top(primary.top[row], shadow_top)
-            self.evidence.stats.record_shadow(primary.variant, other, agree, overlap, dp)
-            self.metrics.shadow_outcome(pair, "agree" if agree else "disagree")
-            self.metrics.shadow_delta(pair, dp)
+            raise
+        return list(shadow.top)
+
+    def _comparisons(
+        self,
+        variant: str,
+        other: str,
+        row: int,
+        mine: Top,
+        theirs: Top,
+        escalation: Escalation | None,
+        first_of: dict[int, Top],
+    ) -> list[tuple[CascadeState, Top, Top]]:
+        """The (cascade, first's answer, then's answer) this comparison is evidence for: only where every sampled
+        row gives one, so the evidence stays an unbiased sample of the margins."""
+        out = []
+        for state in self.cascades.states.values():
+            if (variant, other) == (state.first, state.then):
+                out.append((state, mine, theirs))
+            elif (variant, other) == (state.then, state.first):
+                out.append((state, theirs, mine))
+            elif variant == state.name and other == state.then and escalation is not None:
+                out.append((state, escalation.first_top.get(row, mine), theirs))
+            elif other == state.name and variant == state.then:
+                out.append((state, first_of[row], mine))
+        return out
 
 
 def _pair(a: str, b: str) -> str:

@@ -85,7 +85,8 @@ class RolloutService:
         seen = router if router and router.get("config_id") else await self.ports.snapshot()
         if seen["config_id"] is None:
             raise ServiceError("not_ready", "no Router has reported its configuration yet; retry in a second")
-        start_weights = {v: float(seen["weights"].get(v, 0.0)) for v in self.variants}
+        named = set(seen["weights"]) | {spec.candidate, spec.baseline}  # what the config weighs, and the two
+        start_weights = {v: float(seen["weights"].get(v, 0.0)) for v in self.variants if v in named}
         if start_weights.get(spec.baseline, 0.0) <= 0:
             raise ServiceError(
                 "conflict",

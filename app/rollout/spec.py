@@ -34,8 +34,8 @@ class RolloutSpec(BaseModel):
     @field_validator("candidate", "baseline")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not v or not v.isascii() or not v.replace("_", "").replace("-", "").isalnum():
-            raise ValueError(f"variant name {v!r} must be letters, digits, '-' or '_'")
+        if not v or not v.isascii() or not v.replace("_", "").replace("-", "").replace(">", "").isalnum():
+            raise ValueError(f"variant name {v!r} must be letters, digits, '-', '_' (and '>' for a cascade)")
         return v
 
     @field_validator("steps")
