@@ -120,7 +120,9 @@ def measure(directory: Path, held_out: list[tuple[str, bytes]], threshold: float
     server = started(directory, config(directory, {"margin": threshold}, 0.0), "cascade-measure")
     out: dict[str, Any] = {}
     try:
-        bodies = tuple(multipart_body(b) for b in batches(held_out) if len(b) == BATCH)
+        items = [im for b in batches(held_out) for im in b]
+        starts = range(0, len(items), max(1, len(items) // 48))  # up to 48 bodies, 16 images each, cyclically
+        bodies = tuple(multipart_body([items[(i + j) % len(items)] for j in range(BATCH)]) for i in starts)
         steps = []
         for variant in ("fp32", "int8", CASCADE, "fp32"):  # FP32 twice, first and last: drift shows
             wl = BatchWorkload(URL + "/v1/classify", variant, BATCH, 60.0, bodies=bodies)
