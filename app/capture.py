@@ -50,16 +50,13 @@ class Shelf:
     args: CaptureArgs
     root: Path
     kept: list[_Kept] = field(default_factory=list)  # oldest first
+    size: int = 0  # bytes of `kept`, kept as they come and go (no sum over thousands of files under the lock)
     digests: set[str] = field(default_factory=set)
     written: int = 0
     dropped: int = 0  # the writer was behind (MAX_PENDING)
     duplicates: int = 0
     unknown_format: int = 0
     errors: int = 0
-
-    @property
-    def size(self) -> int:
-        return sum(k.size for k in self.kept)
 
     def scan(self) -> list[_Kept]:
         """What an earlier replica left here (I/O: off the lock)."""
@@ -75,7 +72,15 @@ class Shelf:
     def adopt(self, found: list[_Kept], now: float) -> list[_Kept]:
         """Under the lock: the files found count toward the caps; what must go."""
         self.kept = sorted([*found, *self.kept], key=lambda k: k.at)
+        self.size += sum(k.size for k in found)
         self.digests |= {k.path.stem.split("-")[-1] for k in found}
+        return self.trim(now)
+
+    def keep(self, k: _Kept, now: float) -> list[_Kept]:
+        """Under the lock: a file written; what must go for the caps."""
+        self.kept.append(k)
+        self.size += k.size
+        self.written += 1
         return self.trim(now)
 
     def file(self, image: bytes, digest: str, meta: dict[str, Any], now: float) -> _Kept | None:
@@ -92,13 +97,12 @@ class Shelf:
 
     def trim(self, now: float) -> list[_Kept]:
         """Under the lock: the oldest out until the caps hold, and anything past retention; the files to delete."""
-        a = self.args
-        total, gone = self.size, []
+        a, gone = self.args, []
         while self.kept and (
-            len(self.kept) > a.max_images or total > a.max_bytes or now - self.kept[0].at > a.retention_s
+            len(self.kept) > a.max_images or self.size > a.max_bytes or now - self.kept[0].at > a.retention_s
         ):
             k = self.kept.pop(0)
-            total -= k.size
+            self.size -= k.size
             self.digests.discard(k.path.stem.split("-")[-1])
             gone.append(k)
         return gone
@@ -145,24 +149,27 @@ class CaptureStore:
         _delete(gone)
 
     def add(self, cascade: str, image: bytes, meta: dict[str, Any]) -> None:
-        """Keep `image` (a disagreement of `cascade`'s two variants), unless already kept or the writer is behind.
-        Called on the event loop: it only counts and queues (the lock is never held across I/O)."""
+        """Keep `image` (a disagreement of `cascade`'s two variants), unless the writer is behind (or it is kept
+        already: the writer checks). Called on the event loop: it only counts and queues (the lock is never held
+        across I/O or hashing)."""
         shelf = self.shelves.get(cascade)
         if shelf is None or len(image) > shelf.args.max_bytes:
             return
-        digest = hashlib.sha256(image).hexdigest()[:16]
         with self._lock:
-            if digest in shelf.digests:
-                shelf.duplicates += 1
-                return
             if self._pending >= MAX_PENDING:
                 shelf.dropped += 1
                 return
             self._pending += 1
-            shelf.digests.add(digest)
-        self._writer.submit(self._write, shelf, image, digest, meta)
+        self._writer.submit(self._write, shelf, image, meta)
 
-    def _write(self, shelf: Shelf, image: bytes, digest: str, meta: dict[str, Any]) -> None:
+    def _write(self, shelf: Shelf, image: bytes, meta: dict[str, Any]) -> None:
+        digest = hashlib.sha256(image).hexdigest()[:16]  # here, not on the event loop: an image is up to 10 MiB
+        with self._lock:
+            if digest in shelf.digests:
+                shelf.duplicates += 1
+                self._pending -= 1
+                return
+            shelf.digests.add(digest)
         now = time.time()
         try:
             kept = shelf.file(image, digest, meta, now)
@@ -178,9 +185,7 @@ class CaptureStore:
                 shelf.errors += int(failed)
                 shelf.unknown_format += int(not failed)
                 return
-            shelf.kept.append(kept)
-            shelf.written += 1
-            gone = shelf.trim(now)
+            gone = shelf.keep(kept, now)
         _delete(gone)
 
     def maybe_sweep(self) -> None:

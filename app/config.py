@@ -191,7 +191,7 @@ class CascadeArgs(_Strict):
         return v
 
 
-CASCADE_NAME = re.compile(r"^[A-Za-z0-9_>-]*>[A-Za-z0-9_>-]*$")  # int8>fp32; two of one pair: int8>fp32-all
+CASCADE_NAME = re.compile(r"^[A-Za-z0-9_-]+>[A-Za-z0-9_-]+$")  # int8>fp32; two of one pair: int8>fp32-all
 
 
 class AppArgs(_Strict):
@@ -248,8 +248,10 @@ class AppArgs(_Strict):
     @model_validator(mode="after")
     def _cascades_known(self) -> AppArgs:
         for name, c in self.cascades.items():
-            if not CASCADE_NAME.match(name):
-                raise ValueError(f"cascade name {name!r}: letters, digits, '-', '_' and a '>', e.g. int8>fp32")
+            if not CASCADE_NAME.match(name) or not name.startswith(f"{c.first}>{c.then}"):
+                raise ValueError(
+                    f"cascade name {name!r}: '{c.first}>{c.then}', or that and a suffix of letters, digits, '-', '_'"
+                )
             if name in self.variants:
                 raise ValueError(f"cascade {name!r} has a variant's name")
             missing = sorted({c.first, c.then} - set(self.variants))

@@ -23,13 +23,14 @@ from app.abstats import ABStats
 from app.capture import CaptureStore, directory_name
 from app.cascade import MarginEvidence
 from app.config import AppArgs, CaptureArgs, CascadeArgs, RouterConfig
+from app.errors import ServiceError
 from app.models.calibration import list_images
 from app.payloads import Pixels
 from app.pipeline.cascading import Cascades
 from app.pipeline.service import Outcome, Pipeline
 from app.rollout.spec import RolloutSpec
 from app.routing import Choice, WeightedSplit
-from tests.test_pipeline_unit import FakeBackend, Metrics, no_ray, run, until  # noqa: F401 (no_ray: autouse)
+from tests.test_pipeline_unit import FakeBackend, FakeCall, Metrics, no_ray, run, until  # noqa: F401 (no_ray: autouse)
 
 CASCADE = "int8>fp32"
 
@@ -166,6 +167,53 @@ def test_a_down_first_fails_over_to_another_variant_without_a_cascade() -> None:
     assert weighted.cascade_reply(0) is None
 
 
+def test_a_slow_then_costs_the_escalation_not_the_request() -> None:
+    backend = CascadeBackend()
+    backend.gates["fp32"] = asyncio.Event()  # FP32 never answers
+    p = cascade_pipeline(backend, margin=0.3)
+    p.configure(p.settings.model_copy(update={"inference_timeout_s": 0.6}), p.split)  # type: ignore[union-attr]
+    o = classify(p, [10, 100])
+    assert o.errors == {} and o.top[0] == backend.top_for("int8", 10)
+    assert o.cascade is not None and o.cascade.failed == "inference_timeout"
+    assert o.cascade_reply(0)["escalation_failed"] == "inference_timeout"  # type: ignore[index]
+
+
+class BrokenThen(CascadeBackend):
+    def top_for(self, variant: str, value: int) -> list[tuple[int, float]]:
+        if variant == "fp32":
+            raise RuntimeError("the engine fell over")  # not a ServiceError, not a lost replica
+        return super().top_for(variant, value)
+
+
+def test_any_failure_of_then_leaves_firsts_answers() -> None:
+    o = classify(cascade_pipeline(BrokenThen(), margin=0.3), [10, 100])
+    assert o.errors == {} and o.cascade is not None and o.cascade.failed == "replica_failed"
+
+
+def test_a_failing_first_is_the_cascades_failure_in_the_ab_evidence() -> None:
+    backend = CascadeBackend()
+    backend.failing["int8"] = 5
+    with pytest.raises(ServiceError) as e:
+        classify(cascade_pipeline(backend, margin=0.3), [10])  # forced by override: no failover
+    assert e.value.variant == CASCADE
+
+
+class OtherSize(CascadeBackend):
+    def describe(self, variant: str) -> Any:
+        async def go() -> dict[str, Any]:
+            return {"input": {"size": [260, 260] if variant == "fp32" else [224, 224]}}
+
+        return FakeCall(go())
+
+
+def test_a_then_of_another_input_size_is_never_called_and_says_why() -> None:
+    backend = OtherSize()
+    p = cascade_pipeline(backend, margin=0.3)
+    o = classify(p, [10, 100])
+    assert backend.classified == [("int8", 2)] and o.cascade is not None and o.cascade.failed == "variant_unavailable"
+    assert "260" in p.cascades.describe()[CASCADE]["problem"]
+
+
 # --------------------------------------------------------------------------- evidence for `auto`
 
 
@@ -192,6 +240,19 @@ def test_shadows_between_the_two_variants_count_too(answered_by: str) -> None:
     run(until(lambda: not p.shadow.running))
     ev = p.evidence.stats.margins[CASCADE]
     assert ev.n == len(VALUES) and sum(ev.disagree) == 3
+
+
+def test_cascades_sharing_a_pair_count_each_comparison_once() -> None:
+    backend = CascadeBackend()
+    settings = RouterConfig.model_validate({"weights": {"fp32": 1, "int8": 1}, "shadow_fraction": 1.0})
+    args = {
+        n: CascadeArgs(first="int8", then="fp32", margin=m) for n, m in ((CASCADE, "auto"), (f"{CASCADE}-all", 1.0))
+    }
+    p = Pipeline(backend, ["fp32", "int8"], Metrics(), rng=random.Random(0), cascades=args)
+    p.configure(settings, WeightedSplit(settings.weights))
+    classify(p, VALUES, variant="int8")
+    run(until(lambda: not p.shadow.running))
+    assert p.evidence.stats.margins[CASCADE].n == len(VALUES)
 
 
 def test_a_variant_shadowed_on_a_cascade_runs_it() -> None:
@@ -259,6 +320,8 @@ def test_abstats_carry_margins_through_merge() -> None:
         ({"int8>fp16": {"first": "int8", "then": "fp16"}}, "not among the variants"),
         ({"int8>int8": {"first": "int8", "then": "int8"}}, "both 'int8'"),
         ({"int8 then fp32": {"first": "int8", "then": "fp32"}}, "cascade name"),
+        ({"fp32>int8": {"first": "int8", "then": "fp32"}}, "cascade name"),
+        ({"int8>fp32>int8": {"first": "int8", "then": "fp32"}}, "cascade name"),
         ({"int8>fp32": {"first": "int8", "then": "fp32", "margin": 1.5}}, "margin must be in [0, 1]"),
         ({"int8>fp32": {"first": "int8", "then": "fp32", "margin": "fit"}}, "margin"),
         ({"int8>fp32": {"first": "int8", "then": "fp32", "capture": {"enabled": True, "max_images": 0}}}, "max_images"),

@@ -201,6 +201,7 @@ class _CascadeBase(_Body):
     then: str
     margin: float | Literal["auto"]
     threshold: float = Field(description="in force now")
+    problem: str | None = Field(None, description="why it cannot escalate (first's answers stand), if it cannot")
     target_agreement: float | None = None
     min_samples: int | None = None
     default_margin: float | None = None

@@ -16,6 +16,7 @@ from starlette.responses import Response
 
 from app import __version__, v2, v2_config
 from app.body import check_encoding
+from app.cascade import escalate
 from app.errors import ServiceError
 from app.http import reading
 from app.http.ingress import Ingress
@@ -199,7 +200,8 @@ class V2:
         if outcome.cascade is not None and outcome.margins is not None:  # parameters are scalars: counts, not lists
             parameters["cascade_escalated"] = sum(e for e, _ in outcome.margins.values())
             parameters["cascade_threshold"] = outcome.cascade.threshold
-            if outcome.cascade.failed is not None:
+            meant = any(escalate(m, outcome.cascade.threshold) for _, m in outcome.margins.values())
+            if outcome.cascade.failed is not None and meant:  # this request had an image meant to go on
                 parameters["cascade_escalation_failed"] = outcome.cascade.failed
         return outputs, parameters
 

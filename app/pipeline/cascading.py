@@ -25,12 +25,15 @@ import numpy as np
 
 from app.cascade import Fit, MarginEvidence, curve, escalate, fit_threshold, margin
 from app.config import CascadeArgs
-from app.errors import ServiceError
+from app.errors import ServiceError, find_service_error
 from app.payloads import Scores
 from app.pipeline.failover import Failover
 from app.pipeline.ports import Backend, Call, CascadeMetrics, ReplicaLost
 
 logger = logging.getLogger("ray.serve")
+# `then` must answer this long before the group's earliest deadline, or first's answers are returned as they are:
+# a slow `then` costs the escalation, never the request.
+THEN_SLACK_S = 0.1
 Top = list[tuple[int, float]]
 Source = Callable[[int], "bytes | None"]  # a row of the group -> its encoded image, if the Router has it
 
@@ -46,6 +49,8 @@ class CascadeState:
     threshold: float
     fit: Fit | None = None  # margin auto: the last fit
     evidence: MarginEvidence = field(default_factory=MarginEvidence)  # auto: what it was fitted on
+    checked: bool = False  # the input sizes of first and then compared (Pipeline._check)
+    problem: str | None = None  # why it cannot escalate (then takes other pixels): first's answers stand
 
     @property
     def first(self) -> str:
@@ -66,6 +71,8 @@ class CascadeState:
             "margin": self.args.margin,
             "threshold": self.threshold,
         }
+        if self.problem is not None:
+            out["problem"] = self.problem
         if self.auto:
             out |= {
                 "target_agreement": self.args.target_agreement,
@@ -158,20 +165,25 @@ class Cascader:
         deadline: float,
         source: Source | None = None,
     ) -> tuple[Scores, Escalation]:
-        """`first`'s answer with the uncertain rows answered by `then`; the Scores' variant is the cascade's."""
+        """`first`'s answer with the uncertain rows answered by `then`; the Scores' variant is the cascade's.
+
+        deadline: the group's earliest request's (perf_counter); `then` gets until THEN_SLACK_S before it."""
         threshold = state.threshold
         margins = [margin(t) for t in first.top]
         rows = [r for r, m in enumerate(margins) if escalate(m, threshold)]
         esc = Escalation(state, threshold, margins, rows, {r: first.top[r] for r in rows})
         answer = _renamed(first, state.name)
-        if rows:
+        if rows and state.problem is not None:
+            esc.failed = "variant_unavailable"
+        elif rows:
             started = time.perf_counter()
             try:
-                then = await self._then(state.then, pixels, top_k, full, rows, deadline)
-            except ServiceError as e:
-                if e.code == "inference_timeout":
-                    raise  # the group's deadline: every request in it has had its own by now
-                esc.failed = e.code
+                then = await self._then(state.then, pixels, top_k, full, rows, deadline - THEN_SLACK_S)
+            except Exception as e:  # not a cancellation (a BaseException): that goes up, with the call cancelled
+                found = find_service_error(e)
+                esc.failed = found.code if found is not None else "replica_failed"
+                if found is None:
+                    logger.warning("cascade %s: %s failed (%s); first's answers stand", state.name, state.then, e)
             else:
                 answer = _merged(answer, rows, then)
                 esc.inference_ms = then.inference_ms
@@ -184,9 +196,13 @@ class Cascader:
     ) -> Scores:
         if not self.failover.health.available(variant, time.monotonic()):
             raise ServiceError("variant_unavailable", f"variant {variant} is down", variant)
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            raise ServiceError("inference_timeout", "no time left before the deadline", variant)
         call = self.backend.classify(variant, pixels, top_k, full, rows)
+        abort = self.failover.abort_event(variant)  # a replica of `then` lost meanwhile: give up at once
         try:
-            scores: Scores = await self.failover.call(call, deadline - time.perf_counter(), variant=variant)
+            scores: Scores = await self.failover.call(call, left, abort=abort, variant=variant)
         except ReplicaLost as e:
             self.failover.mark_failed(variant)
             raise ServiceError("variant_unavailable" if e.unavailable else "replica_failed", str(e), variant) from None

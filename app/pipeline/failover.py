@@ -58,7 +58,7 @@ class Failover:
         for n, variant in enumerate(tries):
             if n and time.perf_counter() >= deadline:
                 break
-            abort = self._failures[variant] if n == 0 and tries[1] != variant else None
+            abort = self.abort_event(variant) if n == 0 and tries[1] != variant else None
             try:
                 return await attempt(variant, deadline, abort), variant
             except ReplicaLost as e:
@@ -124,6 +124,10 @@ class Failover:
             aborted.cancel()
             if not answer.done():
                 answer.cancel()
+
+    def abort_event(self, variant: str) -> asyncio.Event:
+        """Set when a call on `variant` fails (mark_failed): a call waiting on it is abandoned at once."""
+        return self._failures[variant]
 
     def mark_failed(self, variant: str) -> None:
         self.health.mark_failed(variant, time.monotonic())

@@ -24,7 +24,7 @@ from app.errors import ServiceError
 from app.guards import deadline_message, wall_deadline
 from app.payloads import Pixels, Scores
 from app.pipeline.admission import Admission, Limits
-from app.pipeline.cascading import Cascader, Cascades, Escalation
+from app.pipeline.cascading import Cascader, Cascades, CascadeState, Escalation
 from app.pipeline.coalescer import Coalescer, Waiter
 from app.pipeline.failover import Failover
 from app.pipeline.ports import Backend, Call, PipelineMetrics, ReplicaLost
@@ -101,6 +101,7 @@ class Pipeline:
         self.cascades = Cascades(cascades or {})
         self.cascader = Cascader(backend, self.failover, metrics)
         self.shadow = Shadow(backend, variants, self.evidence, metrics, rng, self.cascades, self.cascader)
+        self.shadow.available = lambda v: self.failover.health.available(v, time.monotonic())
         self.coalescer: Coalescer[tuple[str, bool, bool]] = Coalescer(self._run_group, self._group_limits)
         self.settings: RouterConfig | None = None
         self._limits: Limits | None = None
@@ -160,14 +161,34 @@ class Pipeline:
 
         cascade = self.cascades.get(choice.variant)
         stage1 = Choice(cascade.first, choice.reason) if cascade else choice
-        scores, variant = await self._failover(stage1, received, attempt)
+        scores, variant = await self._stage1(cascade, stage1, received, attempt)
         escalation = None
         if cascade is not None and variant == cascade.first:
+            await self._check(cascade)
             assert self.settings is not None
             deadline = received + self.settings.inference_timeout_s
             scores, escalation = await self.cascader.run(cascade, scores, pixels, k, full, deadline)
             variant = cascade.name
         return _outcome(scores, choice, variant, range(len(pixels.array)), 0, escalation)
+
+    async def _stage1(self, cascade: CascadeState | None, choice: Choice, received: float, attempt: Any) -> Any:
+        """The group on its variant, or a cascade's on its `first`; a cascade's failure is the cascade's (A/B)."""
+        try:
+            return await self._failover(choice, received, attempt)
+        except ServiceError as e:
+            if cascade is not None:
+                e.variant = cascade.name
+            raise
+
+    async def _check(self, cascade: CascadeState) -> None:
+        """Once per cascade: `then` takes the pixels decoded for `first` (the same input size), else no escalation."""
+        if cascade.checked:
+            return
+        first, then = await self.spec(cascade.first), await self.spec(cascade.then)
+        if first["size"] != then["size"]:
+            cascade.problem = f"{cascade.first} takes {first['size']} pixels and {cascade.then} {then['size']}"
+            logger.error("cascade %s cannot escalate: %s", cascade.name, cascade.problem)
+        cascade.checked = True
 
     async def _failover(self, choice: Choice, received: float, attempt: Any) -> tuple[Any, str]:
         assert self.settings is not None and self.split is not None
@@ -193,7 +214,7 @@ class Pipeline:
         newest = max(a.received for a in asks)
         cascade = self.cascades.get(key[0])  # a cascade's group runs on its `first`, then the uncertain rows on
         stage1 = Choice(cascade.first, asks[0].choice.reason) if cascade else asks[0].choice  # its `then`
-        (scores, pixels), variant = await self._failover(stage1, newest, attempt)
+        (scores, pixels), variant = await self._stage1(cascade, stage1, newest, attempt)
         assert self.settings is not None
         escalation = None
 
@@ -201,7 +222,8 @@ class Pipeline:
             return images[scores.positions[row]]
 
         if cascade is not None and variant == cascade.first:
-            deadline = newest + self.settings.inference_timeout_s
+            await self._check(cascade)
+            deadline = min(a.received for a in asks) + self.settings.inference_timeout_s  # the earliest request's
             scores, escalation = await self.cascader.run(cascade, scores, pixels, top_k, full, deadline, source)
             variant = cascade.name
         out, start = [], 0

@@ -84,6 +84,7 @@ class Shadow:
         self.cascader = cascader  # keeps a cascade's disagreements (its capture), when one is set
         self.running: set[asyncio.Task[None]] = set()
         self.pair: tuple[str, str] | None = None  # a rollout's candidate and baseline: shadowed on each other
+        self.available: Callable[[str], bool] = lambda _variant: True  # a variant not failing now (Pipeline's health)
 
     def partner(self, variant: str) -> str:
         """The variant a request answered by `variant` is shadowed on: its rollout partner, else a cascade's `then`,
@@ -138,6 +139,11 @@ class Shadow:
         esc = escalation if escalation is not None and other == escalation.cascade.then else None
         known = [r for r in rows if esc is not None and esc.escalated(r)]
         ask = [r for r in rows if r not in known]  # an escalated row's `then` answer is the cascade's own
+        if not ask and not self.available(other):
+            # A shadow call fails while `other` is failing, dropping its rows; a group needing none must go too, or
+            # the evidence would keep the low margins (escalated) and lose the high ones (kept) meanwhile.
+            self._lost(primary.variant, other, rows, "dropped")
+            return
         first_of: dict[int, Top] = {}  # the shadow cascade's `first` answer, by row
         try:
             shadow_top = await self._shadow_top(primary, other, pixels, ask, first_of)
@@ -189,9 +195,12 @@ class Shadow:
         first_of: dict[int, Top],
     ) -> list[tuple[CascadeState, Top, Top]]:
         """The (cascade, first's answer, then's answer) this comparison is evidence for: only where every sampled
-        row gives one, so the evidence stays an unbiased sample of the margins."""
-        out = []
+        row gives one, so the evidence stays an unbiased sample of the margins; once per (first, then), however
+        many cascades share the pair (the evidence is the pair's)."""
+        out, seen = [], set()
         for state in self.cascades.states.values():
+            if (state.first, state.then) in seen:
+                continue
             if (variant, other) == (state.first, state.then):
                 out.append((state, mine, theirs))
             elif (variant, other) == (state.then, state.first):
@@ -200,6 +209,9 @@ class Shadow:
                 out.append((state, escalation.first_top.get(row, mine), theirs))
             elif other == state.name and variant == state.then:
                 out.append((state, first_of[row], mine))
+            else:
+                continue
+            seen.add((state.first, state.then))
         return out
 
 
