@@ -547,3 +547,20 @@ def test_cascade_served_configs_deploy_as_written_and_the_summary_divides_by_fp3
     ]
     s = summarize({"threshold": 0.31, "measured": {"steps": steps, "agreement": 0.99, "escalation": 0.6}})
     assert s["vs_fp32"] == {"int8": 1.333, CASCADE: 1.0} and s["img_per_s"]["fp32 (mean of first and last)"] == 45.0
+
+
+def test_recalibrate_judges_agreement_on_the_held_out_half_and_auto_on_the_fit_half() -> None:
+    import numpy as np
+
+    from benchmarks.recalibrate import judge
+
+    # 100 images: INT8 sure and right on the even ones, unsure (margin 0.02) and wrong on the odd held-out ones.
+    probs = np.zeros((100, 4), dtype=np.float32)
+    probs[:, 0], probs[:, 1] = 0.9, 0.05
+    fp32_top1 = np.zeros(100, dtype=np.int64)
+    for i in range(1, 100, 2):
+        probs[i, 0], probs[i, 1] = 0.49, 0.51  # INT8 says class 1, margin 0.02
+    fp32_top1[1::2] = 0
+    got = judge(probs, fp32_top1, slice(0, None, 2), slice(1, None, 2))
+    # The fit half (even) never disagrees: auto is 0, and the held-out half (odd) shows what that costs.
+    assert got == {"agreement": 0.0, "auto": 0.0, "cascade_agreement": 0.0, "escalated": 0.0}
