@@ -149,9 +149,16 @@ def test_shadow_every_request_and_summary_counts_match(local_app: ServeDeployer,
         assert 0 <= pair["mean_abs_top1_prob_delta"] < 0.2 and 0.5 < pair["mean_top5_overlap"] <= 1
         for v in summary["variants"].values():
             assert v["errors"] == 0 and v["latency_ms"]["p50"] > 0
+        # The cascades' evidence rode along: every comparison, whichever variant answered, counted once by INT8's
+        # margin (three cascades share the pair in the test app), and far below min_samples: not fitted yet.
+        cascade = summary["cascades"]["int8>fp32"]
+        assert cascade["evidence"]["comparisons"] == n and len(cascade["curve"]) == 101
+        assert cascade["fit"]["fitted"] is False and cascade["threshold"] == cascade["default_margin"]
+        assert cascade["evidence"]["disagreements"] == round(n * (1 - pair["top1_agreement"]))
         reset = httpx.post(local_app.url + "/v1/ab/reset", timeout=10).json()
         assert reset["before"]["pairs"]["fp32|int8"]["shadowed"] == n
-        assert ab_summary(local_app.url)["pairs"] == {}
+        after = ab_summary(local_app.url)
+        assert after["pairs"] == {} and after["cascades"]["int8>fp32"]["evidence"]["comparisons"] == 0
     finally:
         local_app.deploy(local_config(model_files))
 
