@@ -64,8 +64,8 @@ class Ingress:
         self.pipeline.evidence.poller = self.after_flush
         self.metrics.cascade_thresholds(self.pipeline.cascades.thresholds())
         captures = {n: c.capture for n, c in args.cascades.items() if c.capture.enabled}
-        if captures:
-            self.pipeline.cascader.capture = CaptureStore(captures)
+        self.capture = CaptureStore(captures) if captures else None  # the cascades' calibration capture
+        self.pipeline.cascader.capture = self.capture
         self.bodies = BodyGate()  # bodies still arriving: before admission, with their own deadline
         self.parsers = ParsePool()  # large V2 JSON is parsed in a child process (CPython's json holds the GIL)
         self.inflater = ThreadPoolExecutor(max_workers=2, thread_name_prefix="inflate")  # zlib frees the GIL
@@ -113,9 +113,8 @@ class Ingress:
         """About once a second, after the A/B flush: the rollout's weights, then the cascades' auto thresholds."""
         await self.poll_rollout()
         await self.refit_cascades()
-        capture = self.pipeline.cascader.capture
-        if isinstance(capture, CaptureStore):
-            capture.maybe_sweep()
+        if self.capture is not None:
+            self.capture.maybe_sweep()
 
     async def refit_cascades(self, timeout_s: float = 5.0) -> None:
         """`margin: auto` thresholds from the ledger's evidence, merged over every Router."""
@@ -279,10 +278,8 @@ class Ingress:
     def cascades_state(self) -> dict[str, Any]:
         """Each cascade's threshold and fit, with its capture's state when it keeps images."""
         out = self.pipeline.cascades.describe()
-        capture = self.pipeline.cascader.capture
-        if isinstance(capture, CaptureStore):
-            for name, shelf in capture.describe().items():
-                out[name]["capture"] = shelf
+        for name, shelf in (self.capture.describe() if self.capture is not None else {}).items():
+            out[name]["capture"] = shelf
         return out
 
 

@@ -14,7 +14,6 @@ the ledger's merged evidence about once a second (`Cascades.refit`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -136,11 +135,14 @@ class Escalation:
     cascade: CascadeState
     threshold: float
     margins: list[float]
-    rows: list[int]  # re-run on `then` (or meant to be, when `failed`)
-    first_top: dict[int, Top]  # first's answer of those rows: with then's, a comparison (evidence, capture)
+    first_top: dict[int, Top]  # the rows re-run on `then` (or meant to be, when `failed`), in order: first's
+    # answer of each, which with then's is a comparison (evidence, capture)
     failed: str | None = None  # the error code that kept `then` from answering, if it did not
     ms: float = 0.0  # the second stage's wall time
-    inference_ms: float = 0.0
+
+    @property
+    def rows(self) -> list[int]:
+        return list(self.first_top)
 
     def escalated(self, row: int) -> bool:
         return self.failed is None and row in self.first_top
@@ -171,7 +173,7 @@ class Cascader:
         threshold = state.threshold
         margins = [margin(t) for t in first.top]
         rows = [r for r, m in enumerate(margins) if escalate(m, threshold)]
-        esc = Escalation(state, threshold, margins, rows, {r: first.top[r] for r in rows})
+        esc = Escalation(state, threshold, margins, {r: first.top[r] for r in rows})
         answer = _renamed(first, state.name)
         if rows and state.problem is not None:
             esc.failed = "variant_unavailable"
@@ -186,7 +188,6 @@ class Cascader:
                     logger.warning("cascade %s: %s failed (%s); first's answers stand", state.name, state.then, e)
             else:
                 answer = _merged(answer, rows, then)
-                esc.inference_ms = then.inference_ms
             esc.ms = round((time.perf_counter() - started) * 1000, 3)
         self._account(esc, len(margins), answer, source)
         return answer, esc
@@ -255,35 +256,3 @@ def _merged(answer: Scores, rows: list[int], then: Scores) -> Scores:
         logits[rows] = then.logits
         answer.logits = logits
     return answer
-
-
-async def cascade_top(
-    backend: Backend, state: CascadeState, pixels: Any, rows: list[int], then_top: list[Top] | None, timeout_s: float
-) -> tuple[list[Top], list[Top]]:
-    """A shadow run on a cascade: (the cascade's answer, first's answer) for `rows` of `pixels`.
-
-    `then_top`: `then`'s answer of those rows when the caller has it already (the request was answered
-    by `then`), so no second call is needed."""
-    from app.pipeline.shadow import SHADOW_TOP_K  # the shadow's own constant; shadow.py imports this module
-
-    call = backend.classify(state.first, pixels, SHADOW_TOP_K, False, rows)
-    try:
-        first = await asyncio.wait_for(backend.result(call), timeout_s)
-    except BaseException:
-        call.cancel()
-        raise
-    answer = list(first.top)
-    up = [i for i, t in enumerate(first.top) if escalate(margin(t), state.threshold)]
-    if up and then_top is not None:
-        for i in up:
-            answer[i] = then_top[i]
-    elif up:
-        call = backend.classify(state.then, pixels, SHADOW_TOP_K, False, [rows[i] for i in up])
-        try:
-            then = await asyncio.wait_for(backend.result(call), timeout_s)
-        except BaseException:
-            call.cancel()
-            raise
-        for i, t in zip(up, then.top, strict=True):
-            answer[i] = t
-    return answer, list(first.top)

@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from app.abstats import ABStats, compare_top
-from app.cascade import margin
+from app.cascade import escalate, margin
 from app.payloads import Scores
-from app.pipeline.cascading import Cascader, Cascades, CascadeState, Escalation, Source, Top, cascade_top
+from app.pipeline.cascading import Cascader, Cascades, CascadeState, Escalation, Source, Top
 from app.pipeline.coalescer import detached_task
 from app.pipeline.ports import Backend, Call, ShadowMetrics
 
@@ -171,12 +171,25 @@ class Shadow:
         if not rows:
             return []
         state = self.cascades.get(other)
-        if state is not None:  # shadowed on a cascade: run it (its `then` is not asked again if it answered)
-            then_top = [primary.top[r] for r in rows] if primary.variant == state.then else None
-            answer, first = await cascade_top(self.backend, state, pixels, rows, then_top, SHADOW_TIMEOUT_S)
-            first_of.update(zip(rows, first, strict=True))
-            return answer
-        call = self.backend.classify(other, pixels, SHADOW_TOP_K, False, rows)
+        if state is None:
+            return await self._top(other, pixels, rows)
+        # Shadowed on a cascade: run it, first on every row, then on the rows below its threshold (not asked
+        # again when `then` answered the request).
+        first = await self._top(state.first, pixels, rows)
+        first_of.update(zip(rows, first, strict=True))
+        answer = list(first)
+        up = [i for i, t in enumerate(first) if escalate(margin(t), state.threshold)]
+        if primary.variant == state.then:
+            then = [primary.top[rows[i]] for i in up]
+        else:
+            then = await self._top(state.then, pixels, [rows[i] for i in up]) if up else []
+        for i, t in zip(up, then, strict=True):
+            answer[i] = t
+        return answer
+
+    async def _top(self, variant: str, pixels: Any, rows: list[int]) -> list[Top]:
+        """`variant`'s top-k of `rows`, within SHADOW_TIMEOUT_S (cancelled at the replica if not)."""
+        call = self.backend.classify(variant, pixels, SHADOW_TOP_K, False, rows)
         try:
             shadow = await asyncio.wait_for(self.backend.result(call), SHADOW_TIMEOUT_S)
         except BaseException:
