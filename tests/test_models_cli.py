@@ -70,6 +70,10 @@ def test_quantize_gate_fails_below_min_agreement_and_names_the_figure(gated):
     assert "16 random crops/flips, seed 0" in result.stdout and "| top-1 agreement INT8 vs FP32 |" in result.stdout
     assert report["calibration"]["method"] == "minmax"
     assert [row["batch"] for row in report["latency"]["int8"]] == [1]  # QUICK_TIMING's cut
+    # The CPU INT8's weights were rescaled for U8S8 kernels without VNNI, and none can overflow now.
+    limited = report["calibration"]["pair_limit"]
+    assert limited["layers"] == limited["rescaled_layers"] == 34 and 0 < limited["rescaled_channels"] <= 13048
+    assert report["models"]["int8"]["u8s8_overflow_layers"] == 0 and "U8S8 pair limit: " in result.stdout
 
 
 @pytest.mark.slow

@@ -75,11 +75,20 @@ def cmd_quantize(args: argparse.Namespace, files: ModelFiles) -> int:
         images = augmented_samples(args.num_images, args.seed)
         source = f"sample photographs, {len(images)} random crops/flips, seed {args.seed} (a demo set)"
     opts = QuantizeOptions(
-        method=args.method, op_types=args.op_types, exclude_nodes=args.exclude_nodes or (), target=args.target
+        method=args.method,
+        op_types=args.op_types,
+        exclude_nodes=args.exclude_nodes or (),
+        target=args.target,
+        pair_limit=not args.no_pair_limit,
     )
     print(f"calibrating on {source} with {args.method} for {args.target}")
-    quantize(files.fp32, out, images, opts)
+    fit = quantize(files.fp32, out, images, opts)
     print(f"wrote {out} in {time.perf_counter() - started:.1f}s")
+    if fit is not None:
+        print(
+            f"U8S8 pair limit: {fit.rescaled_channels} of {fit.channels} channels in {fit.rescaled_layers} of "
+            f"{fit.layers} layers rescaled so x86 CPUs without VNNI cannot overflow (app/models/u8s8.py)"
+        )
     if args.no_report:
         return 0
     calibration = {
@@ -88,6 +97,7 @@ def cmd_quantize(args: argparse.Namespace, files: ModelFiles) -> int:
         "op_types": args.op_types,
         "exclude": args.exclude_nodes,
         "target": args.target,
+        "pair_limit": fit.to_dict() if fit is not None else None,
     }
     # The gate judges the model this run wrote; the report still covers every INT8 model there is.
     return _report(files, eval_dir, args.min_agreement, {"calibration": calibration}, gate=(args.target,))
@@ -171,6 +181,12 @@ def parser() -> argparse.ArgumentParser:
                 default="cpu",
                 help="cpu: QUInt8 activations for ONNX Runtime's CPU kernels (writes the INT8 model); "
                 "tensorrt: symmetric S8S8 for TensorRT's explicit quantization (writes the -int8-trt model)",
+            )
+            s.add_argument(
+                "--no-pair-limit",
+                action="store_true",
+                help="cpu target: keep the weights as calibrated, for a fleet of VNNI CPUs only (on AVX2 without "
+                "VNNI, ONNX Runtime's U8S8 kernels then overflow: app/models/u8s8.py)",
             )
             s.add_argument("--no-report", action="store_true", help="skip the report")
     return p

@@ -1,6 +1,8 @@
 """Post-training static quantization to INT8 (QDQ, per-channel symmetric QInt8 weights), for one of two targets.
 
-cpu       QUInt8 activations (asymmetric): ONNX Runtime's CPU kernels; Clip/Relu fold into the ranges.
+cpu       QUInt8 activations (asymmetric): ONNX Runtime's CPU kernels; Clip/Relu fold into the ranges. The
+          weights are then rescaled so that those kernels cannot overflow on x86 without VNNI
+          (app.models.u8s8; off with pair_limit=False).
 tensorrt  QInt8 activations, symmetric (zero point 0), as TensorRT's explicit quantization requires: FP32
           biases (TensorRT quantizes them itself; an int32 bias DequantizeLinear is not accepted), one Q/DQ
           pair per consumer (TensorRT cannot share a pair between nodes), Q/DQ only in front of the layers
@@ -27,6 +29,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 from app.models import TARGETS, Target
 from app.models.build import atomic_write
 from app.models.calibration import ImageCalibrationReader
+from app.models.u8s8 import PairFit, limit_pairs
 
 METHODS = {
     "minmax": CalibrationMethod.MinMax,
@@ -75,6 +78,7 @@ class QuantizeOptions:
     exclude_nodes: Sequence[str] = ()
     per_channel: bool = True
     target: Target = "cpu"
+    pair_limit: bool = True  # cpu target: weights the U8S8 kernels cannot overflow (app.models.u8s8)
 
 
 def input_name(model_path: Path) -> str:
@@ -128,7 +132,10 @@ def tensorrt_problems(model: onnx.ModelProto) -> list[str]:
     return problems
 
 
-def quantize(fp32: Path, int8: Path, calibration: Sequence[bytes], opts: QuantizeOptions, size: int = 224) -> None:
+def quantize(
+    fp32: Path, int8: Path, calibration: Sequence[bytes], opts: QuantizeOptions, size: int = 224
+) -> PairFit | None:
+    """Write the INT8 model; for the cpu target with `pair_limit`, say what the U8S8 pair limit rescaled."""
     if opts.method not in METHODS:
         raise ValueError(f"calibration method {opts.method!r} is not one of {sorted(METHODS)}")
     if opts.target not in PROFILES:
@@ -163,4 +170,10 @@ def quantize(fp32: Path, int8: Path, calibration: Sequence[bytes], opts: Quantiz
         if opts.target == "tensorrt" and (problems := tensorrt_problems(onnx.load(str(out)))):
             # onnxruntime.quantization's options, not this module, decide the graph: check what they produced.
             raise RuntimeError(f"the TensorRT INT8 would not build: {'; '.join(problems[:5])}")
+        fit = None
+        if opts.target == "cpu" and opts.pair_limit:
+            model = onnx.load(str(out))
+            fit = limit_pairs(model)
+            onnx.save(model, str(out))
         atomic_write(int8, out.read_bytes())
+    return fit

@@ -22,6 +22,7 @@ import onnx
 
 from app.models.calibration import sample_directory
 from app.models.samples import EVAL_PHOTOS, available_photos, sample_bytes
+from app.models.u8s8 import pair_problems
 from app.preprocess import preprocess
 from app.runtime import CPU, OrtEngine, RuntimeOptions, cpu_engine, softmax
 from app.runtime.plan import cpu_choice
@@ -59,6 +60,8 @@ def graph_summary(path: Path) -> dict[str, Any]:
         "quantize_linear": counts.get("QuantizeLinear", 0),
         "dequantize_linear": counts.get("DequantizeLinear", 0),
         "fp32_op_types": dict(sorted(fp32_ops.items())),
+        # Layers whose int8 weight pairs can overflow ONNX Runtime's U8S8 kernels on x86 without VNNI.
+        "u8s8_overflow_layers": len(pair_problems(model)),
     }
 
 
@@ -186,6 +189,7 @@ def build_report(
     images = eval_images(eval_dir, labels)
     x = np.stack([preprocess(im.data, runners["fp32"].spec.height) for im in images])
     logits = {k: r.logits(x) for k, r in runners.items()}
+    as_written = qdq_as_written(int8, opts).logits(x)
     probs = {k: softmax(v.astype(np.float64)) for k, v in logits.items()}
     per_image = [
         {
@@ -216,6 +220,8 @@ def build_report(
         "eval_set": str(eval_dir) if eval_dir else "sample photographs (scikit-image, matplotlib)",
         "models": models,
         "quality": compare(logits["fp32"], logits["int8"], [im.label for im in images]),
+        # The same graph with every Q/DQ computed as written: the fused kernels should match it.
+        "int8_as_written_top1_agree_count": int(np.sum(logits["fp32"].argmax(1) == as_written.argmax(1))),
         "per_image": per_image,
         "latency": speed,
         "int8_speedup_by_batch": speedup,
@@ -233,12 +239,16 @@ def to_markdown(r: dict[str, Any]) -> str:
         "| QuantizeLinear / DequantizeLinear | - "
         f"| {m['int8']['quantize_linear']} / {m['int8']['dequantize_linear']} |",
         f"| op types left in FP32 | - | {_op_counts(m['int8']['fp32_op_types'])} |",
+        f"| layers whose weights can overflow U8S8 kernels (x86 without VNNI) | - "
+        f"| {m['int8'].get('u8s8_overflow_layers', '?')} |",
         "",
         f"Evaluation on {q['images']} images ({r['eval_set']}):",
         "",
         "| metric | value |",
         "|---|---|",
         f"| top-1 agreement INT8 vs FP32 | {q['top1_agreement']:.3f} ({q['top1_agree_count']}/{q['images']}) |",
+        f"| top-1 agreement, Q/DQ computed as written (no fused kernels) "
+        f"| {r.get('int8_as_written_top1_agree_count', '?')}/{q['images']} |",
         f"| top-5 overlap | {q['top5_overlap']:.3f} |",
         f"| mean KL(FP32 ‖ INT8) | {q['mean_kl_divergence']:.4f} |",
         f"| mean abs top-1 probability delta | {q['mean_abs_top1_prob_delta']:.4f} |",

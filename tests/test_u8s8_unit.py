@@ -1,0 +1,154 @@
+"""app.models.u8s8: INT8 weights that ONNX Runtime's U8S8 kernels cannot overflow (no Ray, tiny graphs).
+
+The overflow itself needs an x86 CPU without VNNI (this machine and CI's: AMD EPYC, AVX2): there the fused
+kernel of the graph before `limit_pairs` is far from the graph computed as written, and after it the two
+agree. On a VNNI CPU both agree and the test still checks the second half.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from app.models.u8s8 import LANE, MAX_ACTIVATION, PAIR_LIMIT, limit_pairs, pair_problems, pair_sums
+
+CIN, COUT = 16, 8
+X_SCALE, Y_SCALE = 6 / 255, 0.05
+
+
+def qdq_conv(
+    weights: np.ndarray, w_scale: np.ndarray, group: int = 1, bias: np.ndarray | None = None
+) -> onnx.ModelProto:
+    """x -> Q(u8) -> DQ -> Conv(DQ(int8 per-channel weights), DQ(int32 bias)) -> Q(u8) -> DQ -> y."""
+    cout = weights.shape[0]
+    cin = weights.shape[1] * group
+    inits = [
+        numpy_helper.from_array(np.array(X_SCALE, np.float32), "xs"),
+        numpy_helper.from_array(np.array(0, np.uint8), "xz"),
+        numpy_helper.from_array(weights.astype(np.int8), "w_q"),
+        numpy_helper.from_array(w_scale.astype(np.float32), "w_s"),
+        numpy_helper.from_array(np.zeros(cout, np.int8), "w_z"),
+        numpy_helper.from_array(np.array(Y_SCALE, np.float32), "ys"),
+        numpy_helper.from_array(np.array(128, np.uint8), "yz"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["x_q"]),
+        helper.make_node("DequantizeLinear", ["x_q", "xs", "xz"], ["x_dq"]),
+        helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"], axis=0),
+    ]
+    conv_inputs = ["x_dq", "w"]
+    if bias is not None:
+        b_scale = (X_SCALE * w_scale).astype(np.float32)
+        inits += [
+            numpy_helper.from_array(np.round(bias / b_scale).astype(np.int32), "b_q"),
+            numpy_helper.from_array(b_scale, "b_s"),
+            numpy_helper.from_array(np.zeros(cout, np.int32), "b_z"),
+        ]
+        nodes.append(helper.make_node("DequantizeLinear", ["b_q", "b_s", "b_z"], ["b"], axis=0))
+        conv_inputs.append("b")
+    nodes += [
+        helper.make_node("Conv", conv_inputs, ["c"], group=group, name="conv"),
+        helper.make_node("QuantizeLinear", ["c", "ys", "yz"], ["y_q"]),
+        helper.make_node("DequantizeLinear", ["y_q", "ys", "yz"], ["y"]),
+    ]
+    k = weights.shape[2]
+    graph = helper.make_graph(
+        nodes,
+        "qdq_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, 9 - k, 9 - k])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def run(model: onnx.ModelProto, x: np.ndarray, fused: bool) -> np.ndarray:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    if not fused:
+        so.add_session_config_entry("session.disable_quant_qdq", "1")  # every Q/DQ computed as written
+    s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return s.run(None, {"x": x})[0]
+
+
+def dequantized(model: onnx.ModelProto) -> np.ndarray:
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    return inits["w_q"].astype(np.float64) * inits["w_s"].reshape(-1, 1, 1, 1)
+
+
+@pytest.fixture
+def saturating() -> tuple[onnx.ModelProto, np.ndarray]:
+    """Weights whose adjacent pairs reach 2 x 127 and activations at the top of the u8 range."""
+    rng = np.random.default_rng(0)
+    w = rng.integers(-40, 41, (COUT, CIN, 1, 1))
+    w[:, 0:2] = 127  # a same-sign pair of 254 in every channel: 255 * 254 overflows 32,767
+    w[1, 4:6, 0, 0] = [-120, -110]
+    x = np.full((1, CIN, 8, 8), 6.0, np.float32)  # u8 255 everywhere
+    x[..., ::2, :] = rng.uniform(0, 6, (1, CIN, 4, 8))
+    return qdq_conv(w, np.full(COUT, 0.01), bias=rng.normal(0, 0.5, COUT)), x
+
+
+def test_pair_sums_count_same_sign_neighbours_only():
+    q = np.array([[[[100]], [[60]], [[-127]], [[-5]]], [[[100]], [[-100]], [[100]], [[-100]]]])  # (2, 4, 1, 1)
+    assert pair_sums(q, "Conv").tolist() == [160, 100]  # 100 + 60; opposite signs cannot overflow: max |w|
+    gemm = np.array([[50, 50, 50], [-90, -90, 0]])  # Gemm transB=1: (N, K)
+    assert pair_sums(gemm, "Gemm", out_axis=0).tolist() == [100, 180]
+    assert pair_sums(gemm.T, "Gemm", out_axis=1).tolist() == [100, 180]
+
+
+def test_pair_sums_take_both_layouts_of_a_spatial_kernel():
+    q = np.zeros((1, 2, 2, 2), np.int64)
+    q[0, 0, 0, 0], q[0, 1, 0, 0] = 100, 100  # neighbours only in the (kh, kw, cin) order
+    assert pair_sums(q, "Conv").tolist() == [200]
+
+
+def test_limit_pairs_bounds_every_pair_and_keeps_the_function(saturating):
+    model, x = saturating
+    before = dequantized(model)
+    assert pair_problems(model) == ["conv: a weight pair sums to 254"]
+    fit = limit_pairs(model)
+    assert (fit.layers, fit.rescaled_layers, fit.channels, fit.rescaled_channels) == (1, 1, COUT, COUT)
+    assert pair_problems(model) == []
+    q = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "w_q"))
+    assert pair_sums(q, "Conv").max() <= PAIR_LIMIT + 1 and MAX_ACTIVATION * (PAIR_LIMIT + 1) <= LANE
+    after = dequantized(model)
+    scale = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "w_s"))
+    # The same weights on a coarser grid: within half a new step of the old values.
+    assert np.all(np.abs(after - before) <= scale.reshape(-1, 1, 1, 1) / 2 + 1e-9)
+    # The int32 bias keeps the scale QLinearConv reads it at (input scale x weight scale) and its value.
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    np.testing.assert_allclose(inits["b_s"], X_SCALE * inits["w_s"], rtol=1e-6)
+    reference = run(model, x, fused=False)
+    assert np.abs(run(model, x, fused=True) - reference).max() <= Y_SCALE + 1e-6  # one output step at most
+
+
+def test_without_the_limit_the_fused_kernel_overflows_where_the_cpu_lacks_vnni(saturating):
+    model, x = saturating
+    fused, written = run(model, x, fused=True), run(model, x, fused=False)
+    limited = model.__deepcopy__()
+    limit_pairs(limited)
+    assert np.abs(run(limited, x, fused=True) - run(limited, x, fused=False)).max() <= Y_SCALE + 1e-6
+    if "avx512_vnni" in _cpu_flags() or "avx_vnni" in _cpu_flags():
+        pytest.skip("a VNNI CPU accumulates in 32 bits: nothing overflows here")
+    # x86 without VNNI: 255 x (127 + 127) saturates the kernel's 16-bit pair sum.
+    assert np.abs(fused - written).max() > 10 * Y_SCALE
+
+
+def test_depthwise_layers_and_small_weights_are_left_alone():
+    depthwise = qdq_conv(np.full((CIN, 1, 3, 3), 127), np.full(CIN, 0.01), group=CIN)
+    assert pair_problems(depthwise) == [] and limit_pairs(depthwise).layers == 0
+    small = qdq_conv(np.full((COUT, CIN, 1, 1), 60), np.full(COUT, 0.01))
+    before = small.SerializeToString()
+    fit = limit_pairs(small)
+    assert (fit.layers, fit.rescaled_channels) == (1, 0) and small.SerializeToString() == before
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.read()
+    except OSError:
+        return ""
