@@ -27,7 +27,8 @@ from app.models.report import (
 from app.models.samples import EVAL_PHOTOS, augmented_samples, available_photos, sample_bytes
 from app.models.u8s8 import pair_problems
 from app.preprocess import preprocess
-from app.runtime import OrtEngine, RuntimeOptions, cpu_engine
+from app.runtime import OrtEngine, RuntimeOptions, cpu_engine, open_engine
+from app.runtime.select import x86_without_vnni
 
 LIGHT = RuntimeOptions(threads=1, prefer_gpu=False)
 
@@ -116,6 +117,15 @@ def test_quantize_without_the_pair_limit_keeps_the_calibrated_weights(model_file
     out = tmp_path / "int8.onnx"
     assert quantize(model_files.fp32, out, augmented_samples(4, 0), QuantizeOptions(pair_limit=False)) is None
     assert len(pair_problems(onnx.load(str(out)))) > 0  # EfficientNet-Lite0's weights do pair past 128
+    # A replica given such a model on x86 without VNNI runs it on ORT's U8U8 kernels: right answers, slower.
+    opened = open_engine("int8", str(out), RuntimeOptions(threads=1, prefer_gpu=False, precision="int8"))
+    x = _eval_batch()
+    written = qdq_as_written(out, LIGHT).logits(x)
+    if x86_without_vnni():
+        assert opened.engine.name == "cpu" and "U8U8" in opened.plan.note
+        assert np.abs(opened.engine.logits(x) - written).mean() < 0.1
+    else:
+        assert "U8U8" not in opened.plan.note
 
 
 def test_quantize_rejects_an_unknown_calibration_method(model_files, tmp_path):

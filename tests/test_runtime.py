@@ -6,7 +6,9 @@ receives; a real TensorRT or CUDA session cannot be built on this machine.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import platform
 import shutil
 import subprocess
 from pathlib import Path
@@ -25,6 +27,7 @@ from app.runtime.plan import (
     CPU,
     CUDA,
     DISABLE_CPU_FALLBACK,
+    PRECISE_U8S8,
     TENSORRT,
     PlanError,
     RuntimeOptions,
@@ -108,6 +111,37 @@ def test_cpu_auto_measures_openvino_against_the_cpu_ep() -> None:
     assert [c.engine for c in without.candidates] == ["cpu"]
     forced = plan_engines("v", RuntimeOptions(prefer_gpu=False, engine="cpu"), [CPU], openvino=True)
     assert [c.engine for c in forced.candidates] == ["cpu"]
+
+
+def test_int8_weights_that_can_overflow_u8s8_run_on_ort_u8u8_kernels_alone_and_say_so() -> None:
+    int8 = RuntimeOptions(prefer_gpu=False, precision="int8")
+    plan = plan_engines("v", int8, [CPU], openvino=True, u8s8_overflow=True)
+    assert [c.engine for c in plan.candidates] == ["cpu"]  # OpenVINO's kernels overflow alike: left out
+    assert plan.candidates[0].session_config[PRECISE_U8S8] == "1"
+    assert "without INT8's speed-up" in plan.note and "python -m app.models quantize" in plan.note
+    with pytest.raises(PlanError, match="engine openvino has no such switch"):
+        plan_engines("v", dataclasses.replace(int8, engine="openvino"), [CPU], openvino=True, u8s8_overflow=True)
+    # A GPU replica falling back to the CPU gets the same plan, both notes kept.
+    fallback = plan_engines("v", dataclasses.replace(int8, prefer_gpu=True), [CPU], openvino=True, u8s8_overflow=True)
+    assert "no GPU execution provider" in fallback.note and PRECISE_U8S8 in fallback.candidates[0].session_config
+    # FP32 has no int8 weights, and weights within the pair limit keep both candidates and the U8S8 kernels.
+    fp32 = plan_engines("v", RuntimeOptions(prefer_gpu=False), [CPU], openvino=True, u8s8_overflow=True)
+    limited = plan_engines("v", int8, [CPU], openvino=True, u8s8_overflow=False)
+    for p in (fp32, limited):
+        assert [c.engine for c in p.candidates] == ["openvino", "cpu"] and not p.note
+        assert PRECISE_U8S8 not in p.candidates[1].session_config
+
+
+def test_x86_without_vnni_reads_the_cpu_flags(tmp_path) -> None:
+    from app.runtime.select import x86_without_vnni
+
+    avx2, vnni = tmp_path / "avx2", tmp_path / "vnni"
+    avx2.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    vnni.write_text("flags\t\t: fpu avx2 avx512f avx512_vnni\n")
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        assert x86_without_vnni(str(avx2)) is True
+    assert x86_without_vnni(str(vnni)) is False
+    assert x86_without_vnni(str(tmp_path / "missing")) is False  # unknown: the plan stays as it was
 
 
 def test_a_granted_gpu_without_gpu_providers_falls_back_saying_so_or_fails_with_require_gpu() -> None:

@@ -35,6 +35,8 @@ ENGINE_OF_PROVIDER = {TENSORRT: "tensorrt", CUDA: "cuda", CPU: "cpu", OPENVINO: 
 # ONNX Runtime session config keys (onnxruntime_session_options_config_keys.h).
 DISABLE_CPU_FALLBACK = "session.disable_cpu_ep_fallback"
 RECORD_ASSIGNMENT = "session.record_ep_graph_assignment_info"
+# U8U8 kernels instead of U8S8 on x86 without VNNI: correct for any int8 weights, without INT8's speed-up.
+PRECISE_U8S8 = "session.x64quantprecision"
 
 
 class PlanError(ValueError):
@@ -218,7 +220,20 @@ def cpu_choice(session_config: dict[str, str] | None = None) -> EngineChoice:
     return EngineChoice("cpu", (Provider(CPU),), {RECORD_ASSIGNMENT: "1", **(session_config or {})})
 
 
-def _cpu_choices(variant: str, opts: RuntimeOptions, openvino: bool) -> list[EngineChoice]:
+def u8s8_overflow_note(variant: str) -> str:
+    return (
+        f"variant {variant!r}: its INT8 weights can overflow the U8S8 kernels of ONNX Runtime and OpenVINO on "
+        "this CPU (x86 without VNNI: wrong answers, README 'INT8 on x86 CPUs without VNNI'), so it runs on ORT's "
+        f"U8U8 kernels ({PRECISE_U8S8}): right, but without INT8's speed-up. Requantize with "
+        "`python -m app.models quantize` (it limits the weight pairs) to have both"
+    )
+
+
+def _cpu_choices(variant: str, opts: RuntimeOptions, openvino: bool, u8s8_overflow: bool) -> list[EngineChoice]:
+    if u8s8_overflow and opts.precision == "int8":
+        if opts.engine == "openvino":
+            raise PlanError(f"{u8s8_overflow_note(variant)}; engine openvino has no such switch")
+        return [cpu_choice({PRECISE_U8S8: "1"})]
     cpu = cpu_choice()
     if opts.engine == "openvino":
         if not openvino:
@@ -235,11 +250,14 @@ def plan_engines(
     available: Sequence[str],
     openvino: bool,
     tensorrt: Provider | None = None,
+    u8s8_overflow: bool = False,
 ) -> EnginePlan:
     """The engines `variant` would run on, given the ORT providers usable on the node and OpenVINO.
 
     `tensorrt` carries the TensorRT options (they need the model's input name and a cache path the
-    caller knows); without it the TensorRT EP is not considered.
+    caller knows); without it the TensorRT EP is not considered. `u8s8_overflow`: this CPU lacks VNNI and
+    the INT8 model's weights can overflow its U8S8 kernels (app.models.u8s8); a CPU plan then takes ORT's
+    U8U8 kernels alone, and says so in its note.
     """
     if opts.engine not in ENGINES:
         raise PlanError(f"variant {variant!r}: engine {opts.engine!r} is not one of {ENGINES}")
@@ -255,9 +273,15 @@ def plan_engines(
                 f"TensorrtExecutionProvider nor CUDAExecutionProvider is usable here (usable: {list(available)})"
             )
         note = f"granted a GPU, but no GPU execution provider is usable here (usable: {list(available)})"
-        return EnginePlan(tuple(_cpu_choices(variant, opts, openvino)), gpu=False, note=note)
+        return _cpu_plan(variant, opts, openvino, u8s8_overflow, note)
     if opts.require_gpu:
         raise PlanError(f"variant {variant!r}: require_gpu is set but the replica has no GPU")
     if opts.engine in GPU_ENGINES:
         raise PlanError(f"variant {variant!r}: engine {opts.engine} needs a GPU; this replica has none")
-    return EnginePlan(tuple(_cpu_choices(variant, opts, openvino)), gpu=False)
+    return _cpu_plan(variant, opts, openvino, u8s8_overflow)
+
+
+def _cpu_plan(variant: str, opts: RuntimeOptions, openvino: bool, u8s8_overflow: bool, note: str = "") -> EnginePlan:
+    if u8s8_overflow and opts.precision == "int8":
+        note = "; ".join(n for n in (note, u8s8_overflow_note(variant)) if n)
+    return EnginePlan(tuple(_cpu_choices(variant, opts, openvino, u8s8_overflow)), gpu=False, note=note)

@@ -8,6 +8,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,7 +16,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import onnx
 
+from app.models.u8s8 import pair_problems
 from app.runtime.measure import Throughput, measure_alternating
 from app.runtime.openvino_engine import OpenVinoEngine, openvino_available
 from app.runtime.ort_engine import OrtEngine, ort_version, tensorrt_version, usable_providers
@@ -112,7 +115,29 @@ def plan_for(variant: str, path: str, opts: RuntimeOptions, available: list[str]
     """The plan on this node: ONNX Runtime's usable providers and OpenVINO if installed."""
     available = usable_providers() if available is None else available
     trt = tensorrt_for(path, opts) if opts.prefer_gpu and TENSORRT in available else None
-    return plan_engines(variant, opts, available, openvino_available(), trt)
+    overflow = opts.precision == "int8" and u8s8_overflows_here(path)
+    return plan_engines(variant, opts, available, openvino_available(), trt, u8s8_overflow=overflow)
+
+
+def u8s8_overflows_here(path: str) -> bool:
+    """This CPU is x86 without VNNI and the model has int8 weight pairs its U8S8 kernels can overflow."""
+    if not x86_without_vnni():
+        return False
+    problems = pair_problems(onnx.load(path, load_external_data=False))
+    if problems:
+        logger.warning("%s: int8 weights can overflow U8S8 kernels on this CPU: %s", path, "; ".join(problems[:3]))
+    return bool(problems)
+
+
+def x86_without_vnni(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """An x86-64 CPU whose flags (Linux) name no VNNI: ORT's U8S8 kernels there sum pairs in 16 bits."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        flags = next((line for line in Path(cpuinfo).read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        return False  # unknown: keep the plan as it was
+    return bool(flags) and not {"avx512_vnni", "avx_vnni"} & set(flags.split())
 
 
 @contextlib.contextmanager
@@ -182,7 +207,13 @@ def open_engine(variant: str, path: str, opts: RuntimeOptions, measure_batch: in
         # TensorRT failed to load or build (logged): plan again without it; INT8 then refuses the CUDA EP.
         logger.warning("Classifier_%s: TensorRT failed (%s); planning without it", variant, e)
         try:
-            plan = plan_engines(variant, opts, [p for p in usable_providers() if p != TENSORRT], openvino_available())
+            plan = plan_engines(
+                variant,
+                opts,
+                [p for p in usable_providers() if p != TENSORRT],
+                openvino_available(),
+                u8s8_overflow=opts.precision == "int8" and u8s8_overflows_here(path),
+            )
         except PlanError as again:
             raise ModelLoadError(f"{again} (TensorRT failed: {e})") from e
         engines = [build(path, opts, choice) for choice in plan.candidates]
