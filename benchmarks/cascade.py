@@ -243,6 +243,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def corpus_main(
+    argv: list[str] | None, doc: str | None, quick: int, name: str, runner: Any, markdown: Any, plotter: Any
+) -> int:
+    """The command line of a benchmark over this corpus: --per-photo, --quick (`quick` per photograph), --out-dir;
+    `runner(per_photo)` measures, and the result is saved as <stamp>-<host>-<name>.{json,md,png}."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--per-photo", type=int, default=60, help="variations of each sample photograph")
+    ap.add_argument("--quick", action="store_true", help=f"{quick} variations per photograph")
+    ap.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    args = ap.parse_args(argv)
+    env = print_environment()
+    result = {"environment": env, **runner(quick if args.quick else args.per_photo)}
+    save(result, args.out_dir / f"{stamp()}-{host_name()}-{name}", markdown, plotter)
+    return 0
+
+
 def save(result: dict[str, Any], stem: Path, markdown: Any, plotter: Any) -> None:
     """<stem>.json, .md (printed too) and .png."""
     stem.parent.mkdir(parents=True, exist_ok=True)

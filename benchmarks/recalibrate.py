@@ -18,7 +18,6 @@ benchmarks/results/<stamp>-<host>-recalibrate.{json,md,png}.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -32,8 +31,8 @@ from app.models.samples import augmented_samples
 from app.preprocess import preprocess
 from app.runtime import open_engine, softmax, top_k
 from app.runtime.plan import RuntimeOptions
-from benchmarks.cascade import BATCH, TARGET, corpus, save
-from benchmarks.environment import REPO, RESULTS_DIR, host_name, print_environment, stamp
+from benchmarks.cascade import BATCH, TARGET, corpus, corpus_main
+from benchmarks.environment import REPO
 from benchmarks.report import markdown_table, pyplot, save_figure
 
 
@@ -121,15 +120,7 @@ def plot(r: dict[str, Any], png: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--per-photo", type=int, default=60, help="variations of each sample photograph")
-    ap.add_argument("--quick", action="store_true", help="8 variations per photograph")
-    ap.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
-    args = ap.parse_args(argv)
-    env = print_environment()
-    result = {"environment": env, **run(8 if args.quick else args.per_photo)}
-    save(result, args.out_dir / f"{stamp()}-{host_name()}-recalibrate", to_markdown, plot)
-    return 0
+    return corpus_main(argv, __doc__, 8, "recalibrate", run, to_markdown, plot)
 
 
 if __name__ == "__main__":

@@ -564,3 +564,43 @@ def test_recalibrate_judges_agreement_on_the_held_out_half_and_auto_on_the_fit_h
     got = judge(probs, fp32_top1, slice(0, None, 2), slice(1, None, 2))
     # The fit half (even) never disagrees: auto is 0, and the held-out half (odd) shows what that costs.
     assert got == {"agreement": 0.0, "auto": 0.0, "cascade_agreement": 0.0, "escalated": 0.0}
+
+
+def test_int8_kernels_times_top1_per_image_and_renders_every_row(tmp_path: Path) -> None:
+    import numpy as np
+
+    from benchmarks.int8_kernels import plot, timed, to_markdown
+
+    class Engine:
+        calls: list[int] = []
+
+        def logits(self, x: np.ndarray) -> np.ndarray:
+            self.calls.append(len(x))
+            out = np.zeros((len(x), 3), dtype=np.float32)
+            out[np.arange(len(x)), x[:, 0, 0, 0] % 3] = 1.0
+            return out
+
+    pixels = np.arange(40, dtype=np.uint8).reshape(40, 1, 1, 1)
+    engine = Engine()
+    top1, rate = timed(engine, pixels)
+    assert top1.tolist() == [i % 3 for i in range(40)] and rate > 0
+    assert engine.calls == [16, 16, 16, 8]  # one warm-up batch, then batches of 16
+    result = {
+        "images": 40,
+        "overflowing_layers": {"shipped (pair-limited)": 0, "as calibrated": 34},
+        "rows": [
+            {"build": "FP32", "way": "ORT fused", "agreement": 1.0, "img_per_s": 50.0},
+            {
+                "build": "shipped (pair-limited)",
+                "way": "ORT fused",
+                "agreement": 0.917,
+                "img_per_s": 70.0,
+                "vs_fp32": 1.4,
+            },
+            {"build": "as calibrated", "way": "ORT fused", "agreement": 0.778, "img_per_s": 71.0, "vs_fp32": 1.42},
+        ],
+    }
+    md = to_markdown(result)
+    assert "| shipped (pair-limited) | ORT fused | 0.917 | 70.0 | 1.40x |" in md
+    assert "| as calibrated | ORT fused | 0.778 | 71.0 | 1.42x |" in md and "'as calibrated': 34" in md
+    assert plot(result, tmp_path / "k.png").stat().st_size > 0
