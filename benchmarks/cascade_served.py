@@ -3,8 +3,9 @@
     python -m benchmarks.cascade_served            # 360 images (benchmarks/cascade.py's corpus), ~4 minutes
     python -m benchmarks.cascade_served --quick    # 4 variations per photograph
 
-Two starts of configs/local.yaml (every variant on ORT's CPU EP, so both starts run the same INT8 kernels;
-engine auto may pick OpenVINO or the CPU EP for INT8 at each start):
+Two starts of configs/local.yaml (by default every variant on ORT's CPU EP, so both starts run the same INT8
+kernels; `--engine auto` keeps local.yaml's own rule, the faster of OpenVINO and the CPU EP measured at each start,
+and records what each start picked):
 1. **Fit, from live shadows.** The cascade `int8>fp32` with `margin: auto` (target 0.995, min_samples: the fit
    half's size), `shadow_fraction: 1`; the fit half (every other image) goes to INT8 as 16-image
    /v1/classify/batch requests, one at a time, so every image is shadowed on FP32. The threshold is what
@@ -43,9 +44,10 @@ CASCADE = "int8>fp32"
 CONCURRENCY = 8
 
 
-def config(directory: Path, cascade: dict[str, Any], shadow: float) -> Path:
-    """local.yaml on ORT's CPU EP (benchmarks.run's "ortcpu") with this cascade and shadow fraction."""
-    path = write_config(directory, "ortcpu")
+def config(directory: Path, cascade: dict[str, Any], shadow: float, engine: str) -> Path:
+    """local.yaml with this cascade and shadow fraction; engine "cpu": every variant on ORT's CPU EP (benchmarks.run's
+    "ortcpu"), "auto": local.yaml's engines as written."""
+    path = write_config(directory, "ortcpu" if engine == "cpu" else "asis")
     cfg = yaml.safe_load(path.read_text())
     app = cfg["applications"][0]
     app["args"]["cascades"] = {CASCADE: {"first": "int8", "then": "fp32", **cascade}}
@@ -83,12 +85,18 @@ def classify(client: httpx.Client, batch: list[CorpusImage], variant: str) -> li
     return results
 
 
-def fit(directory: Path, fit_half: list[tuple[str, bytes]]) -> dict[str, Any]:
+def engines(client: httpx.Client) -> dict[str, str]:
+    """The engine each variant's replica runs (picked at its start under engine auto)."""
+    return {name: v["engine"] for name, v in client.get(URL + "/v1/models").json()["variants"].items()}
+
+
+def fit(directory: Path, fit_half: list[tuple[str, bytes]], engine: str) -> dict[str, Any]:
     """Phase 1: the app fits `auto` from its own shadows of the fit half."""
     cascade = {"margin": "auto", "target_agreement": TARGET, "min_samples": len(fit_half)}
-    server = started(directory, config(directory, cascade, 1.0), "cascade-fit")
+    server = started(directory, config(directory, cascade, 1.0, engine), "cascade-fit")
     try:
         with httpx.Client(timeout=60) as client:
+            picked = engines(client)
             for batch in batches(fit_half):
                 classify(client, batch, "int8")
             summary: dict[str, Any] = {}
@@ -102,7 +110,7 @@ def fit(directory: Path, fit_half: list[tuple[str, bytes]]) -> dict[str, Any]:
                 raise RuntimeError(f"the app did not fit auto from {len(fit_half)} shadows: {summary}")
     finally:
         stop = server.stop()
-    return {"summary": summary, "stop": stop}
+    return {"summary": summary, "engines": picked, "stop": stop}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,11 +123,15 @@ class BatchWorkload(Workload):
         return self.bodies
 
 
-def measure(directory: Path, held_out: list[tuple[str, bytes]], threshold: float, seconds: float) -> dict[str, Any]:
+def measure(
+    directory: Path, held_out: list[tuple[str, bytes]], threshold: float, seconds: float, engine: str
+) -> dict[str, Any]:
     """Phase 2: throughput of INT8, FP32 and the cascade in wrk; the cascade's agreement and escalation."""
-    server = started(directory, config(directory, {"margin": threshold}, 0.0), "cascade-measure")
+    server = started(directory, config(directory, {"margin": threshold}, 0.0, engine), "cascade-measure")
     out: dict[str, Any] = {}
     try:
+        with httpx.Client(timeout=60) as client:
+            out["engines"] = engines(client)
         items = [im for b in batches(held_out) for im in b]
         starts = range(0, len(items), max(1, len(items) // 48))  # up to 48 bodies, 16 images each, cyclically
         bodies = tuple(multipart_body([items[(i + j) % len(items)] for j in range(BATCH)]) for i in starts)
@@ -166,6 +178,8 @@ def to_markdown(r: dict[str, Any]) -> str:
         f"`auto` (target {TARGET}) fitted by the app from {r['fit_images']} live shadow comparisons: threshold "
         f"**{s['threshold']:.2f}**. Served on the held-out half: agreement with FP32 **{s['agreement']:.3f}**, "
         f"escalated {s['escalation']:.3f} (goal: agreement >= {GOAL['agreement']} and >= {GOAL['speedup']}x FP32).\n\n"
+        f"Engines (`--engine {r.get('engine', 'cpu')}`): fit start {r['fit'].get('engines')}, "
+        f"measuring start {r['measured'].get('engines')}.\n\n"
         + markdown_table([f"{BATCH} images/request, c={CONCURRENCY}", "img/s", "vs FP32"], rows)
         + "\n"
     )
@@ -190,17 +204,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-photo", type=int, default=60, help="variations of each sample photograph")
     ap.add_argument("--quick", action="store_true", help="4 variations per photograph, 3 s steps")
     ap.add_argument("--seconds", type=float, default=10.0, help="each wrk step")
+    ap.add_argument(
+        "--engine",
+        choices=["cpu", "auto"],
+        default="cpu",
+        help="cpu: every variant on ORT's CPU EP; auto: local.yaml's rule (the faster of OpenVINO and the CPU EP)",
+    )
     ap.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     args = ap.parse_args(argv)
     env = print_environment()
     images = corpus(4 if args.quick else args.per_photo)
     fit_half, held_out = images[0::2], images[1::2]
     with tempfile.TemporaryDirectory(prefix="cascade-served-") as tmp:
-        fitted = fit(Path(tmp), fit_half)
+        fitted = fit(Path(tmp), fit_half, args.engine)
         threshold = float(fitted["summary"]["threshold"])
-        measured = measure(Path(tmp), held_out, threshold, 3.0 if args.quick else args.seconds)
+        measured = measure(Path(tmp), held_out, threshold, 3.0 if args.quick else args.seconds, args.engine)
     result = {
         "environment": env,
+        "engine": args.engine,
         "images": len(images),
         "fit_images": len(fit_half),
         "threshold": threshold,

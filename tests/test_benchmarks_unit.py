@@ -537,11 +537,14 @@ def test_cascade_served_configs_deploy_as_written_and_the_summary_divides_by_fp3
     from benchmarks.cascade_served import CASCADE, config, summarize
 
     for cascade, shadow in (({"margin": "auto", "min_samples": 180}, 1.0), ({"margin": 0.31}, 0.0)):
-        cfg = yaml.safe_load(config(tmp_path, cascade, shadow).read_text())
+        cfg = yaml.safe_load(config(tmp_path, cascade, shadow, "cpu").read_text())
         args = validate_serve_config(cfg)
         assert args.cascades[CASCADE].margin == cascade["margin"]
         assert all(v.engine == "cpu" for v in args.variants.values())  # both starts: the same INT8 kernels
         assert cfg["applications"][0]["deployments"][0]["user_config"]["shadow_fraction"] == shadow
+        # --engine auto: local.yaml's own engines (auto), the cascade and shadows as above.
+        as_is = validate_serve_config(yaml.safe_load(config(tmp_path, cascade, shadow, "auto").read_text()))
+        assert all(v.engine == "auto" for v in as_is.variants.values()) and CASCADE in as_is.cascades
     steps = [
         {"variant": v, "images_per_s": r} for v, r in (("fp32", 40.0), ("int8", 60.0), (CASCADE, 45.0), ("fp32", 50.0))
     ]

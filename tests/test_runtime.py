@@ -118,18 +118,22 @@ def test_int8_weights_that_can_overflow_u8s8_run_on_ort_u8u8_kernels_alone_and_s
     plan = plan_engines("v", int8, [CPU], openvino=True, u8s8_overflow=True)
     assert [c.engine for c in plan.candidates] == ["cpu"]  # OpenVINO's kernels overflow alike: left out
     assert plan.candidates[0].session_config[PRECISE_U8S8] == "1"
-    assert "without INT8's speed-up" in plan.note and "python -m app.models quantize" in plan.note
+    assert "without most of INT8's speed-up" in plan.note and "python -m app.models quantize" in plan.note
     with pytest.raises(PlanError, match="engine openvino has no such switch"):
         plan_engines("v", dataclasses.replace(int8, engine="openvino"), [CPU], openvino=True, u8s8_overflow=True)
     # A GPU replica falling back to the CPU gets the same plan, both notes kept.
     fallback = plan_engines("v", dataclasses.replace(int8, prefer_gpu=True), [CPU], openvino=True, u8s8_overflow=True)
     assert "no GPU execution provider" in fallback.note and PRECISE_U8S8 in fallback.candidates[0].session_config
-    # FP32 has no int8 weights, and weights within the pair limit keep both candidates and the U8S8 kernels.
-    fp32 = plan_engines("v", RuntimeOptions(prefer_gpu=False), [CPU], openvino=True, u8s8_overflow=True)
+    # What counts is the weights, not the declared precision: an INT8 model declared fp32 gets the same plan.
+    declared_fp32 = plan_engines("v", RuntimeOptions(prefer_gpu=False), [CPU], openvino=True, u8s8_overflow=True)
+    assert declared_fp32.candidates == plan.candidates
+    # Weights within the pair limit keep both candidates and the U8S8 kernels.
     limited = plan_engines("v", int8, [CPU], openvino=True, u8s8_overflow=False)
-    for p in (fp32, limited):
-        assert [c.engine for c in p.candidates] == ["openvino", "cpu"] and not p.note
-        assert PRECISE_U8S8 not in p.candidates[1].session_config
+    assert [c.engine for c in limited.candidates] == ["openvino", "cpu"] and not limited.note
+    assert PRECISE_U8S8 not in limited.candidates[1].session_config
+    # A GPU plan ignores it: TensorRT runs the INT8 artifact in its own kernels.
+    gpu = plan_engines("v", dataclasses.replace(int8, prefer_gpu=True), [TENSORRT, CUDA, CPU], True, trt(int8), True)
+    assert gpu.gpu and not gpu.note
 
 
 def test_x86_without_vnni_reads_the_cpu_flags(tmp_path) -> None:

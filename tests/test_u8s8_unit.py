@@ -7,6 +7,8 @@ agree. On a VNNI CPU both agree and the test still checks the second half.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -14,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from app.models.u8s8 import LANE, MAX_ACTIVATION, PAIR_LIMIT, limit_pairs, pair_problems, pair_sums
+from app.runtime.select import x86_without_vnni
 
 CIN, COUT = 16, 8
 X_SCALE, Y_SCALE = 6 / 255, 0.05
@@ -131,7 +134,7 @@ def test_without_the_limit_the_fused_kernel_overflows_where_the_cpu_lacks_vnni(s
     limited = model.__deepcopy__()
     limit_pairs(limited)
     assert np.abs(run(limited, x, fused=True) - run(limited, x, fused=False)).max() <= Y_SCALE + 1e-6
-    if "avx512_vnni" in _cpu_flags() or "avx_vnni" in _cpu_flags():
+    if not x86_without_vnni():
         pytest.skip("a VNNI CPU accumulates in 32 bits: nothing overflows here")
     # x86 without VNNI: 255 x (127 + 127) saturates the kernel's 16-bit pair sum.
     assert np.abs(fused - written).max() > 10 * Y_SCALE
@@ -146,9 +149,124 @@ def test_depthwise_layers_and_small_weights_are_left_alone():
     assert (fit.layers, fit.rescaled_channels) == (1, 0) and small.SerializeToString() == before
 
 
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return f.read()
-    except OSError:
-        return ""
+def _model(nodes: list, inits: list, x_shape: list[int], y_shape: list[int]) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def _t(name: str, value: np.ndarray) -> onnx.TensorProto:
+    return numpy_helper.from_array(value, name)
+
+
+def _inits(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+
+
+def test_weights_shared_by_two_convs_are_rescaled_once_with_both_biases():
+    """One weight initializer, two Convs with biases of their own: both biases follow the one rescale."""
+    w = np.full((COUT, CIN, 1, 1), 20)
+    w[:, 0:2] = 127
+    scale = np.full(COUT, 0.01, np.float32)
+    inits = [
+        _t("xs", np.array(X_SCALE, np.float32)),
+        _t("xz", np.array(0, np.uint8)),
+        _t("w_q", w.astype(np.int8)),
+        _t("w_s", scale),
+        _t("ys", np.array(Y_SCALE, np.float32)),
+        _t("yz", np.array(128, np.uint8)),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["x_q"]),
+        helper.make_node("DequantizeLinear", ["x_q", "xs", "xz"], ["x_dq"]),
+        helper.make_node("DequantizeLinear", ["w_q", "w_s"], ["w"], axis=0),
+    ]
+    for i, b in enumerate((0.3, -0.7)):
+        inits += [_t(f"b{i}_q", np.full(COUT, round(b / (X_SCALE * 0.01)), np.int32)), _t(f"b{i}_s", X_SCALE * scale)]
+        nodes += [
+            helper.make_node("DequantizeLinear", [f"b{i}_q", f"b{i}_s"], [f"b{i}"], axis=0),
+            helper.make_node("Conv", ["x_dq", "w", f"b{i}"], [f"c{i}"], name=f"conv{i}"),
+        ]
+    nodes += [
+        helper.make_node("Add", ["c0", "c1"], ["c"]),
+        helper.make_node("QuantizeLinear", ["c", "ys", "yz"], ["y_q"]),
+        helper.make_node("DequantizeLinear", ["y_q", "ys", "yz"], ["y"]),
+    ]
+    model = _model(nodes, inits, [1, CIN, 8, 8], [1, COUT, 8, 8])
+    fit = limit_pairs(model)
+    assert (fit.layers, fit.rescaled_layers, fit.rescaled_channels, fit.skipped) == (2, 2, COUT, ())
+    got = _inits(model)
+    for i in range(2):
+        np.testing.assert_allclose(got[f"b{i}_s"], X_SCALE * got["w_s"], rtol=1e-6)
+    assert limit_pairs(model).rescaled_layers == 0 and pair_problems(model) == []  # idempotent
+    x = np.full((1, CIN, 8, 8), 6.0, np.float32)
+    assert np.abs(run(model, x, fused=True) - run(model, x, fused=False)).max() <= 2 * Y_SCALE + 1e-6
+
+
+def _dq_layer(op: str, w: np.ndarray, scale: np.ndarray, **dq: int) -> onnx.ModelProto:
+    """x -> op(x, DQ(w)) with the weight DQ's attributes as given; Gemm takes transB=1."""
+    attrs = {"transB": 1} if op == "Gemm" else {}
+    zp = [_t("w_z", np.zeros(scale.shape, np.int8) + dq.pop("zero", 0))] if "zero" in dq else []
+    nodes = [
+        helper.make_node("DequantizeLinear", ["w_q", "w_s"] + (["w_z"] if zp else []), ["w"], **dq),
+        helper.make_node(op, ["x", "w"], ["y"], name="layer", **attrs),
+    ]
+    return _model(nodes, [_t("w_q", w.astype(np.int8)), _t("w_s", scale.astype(np.float32)), *zp], [1, 4], [1, 4])
+
+
+def test_gemm_and_matmul_weights_pair_along_their_reduction_axis():
+    w = np.array([[100, 100, 1, 1], [1, 1, 1, 1], [60, 60, 60, 60], [-127, -127, 0, 0]])  # (N, K)
+    gemm = _dq_layer("Gemm", w, np.full(4, 0.01), axis=0)
+    matmul = _dq_layer("MatMul", w.T, np.full(4, 0.01), axis=1)  # (K, N), per output column
+    for model, axis in ((gemm, 0), (matmul, 1)):
+        before = _inits(model)
+        fit = limit_pairs(model)
+        assert (fit.rescaled_layers, fit.rescaled_channels) == (1, 2)  # rows 0 (200) and 3 (254)
+        after = _inits(model)
+        sums = pair_sums(after["w_q"], model.graph.node[1].op_type, axis)
+        assert sums.max() <= 128 and pair_problems(model) == []
+        old = before["w_q"] * np.expand_dims(before["w_s"], 1 - axis)
+        new = after["w_q"] * np.expand_dims(after["w_s"], 1 - axis)
+        assert np.all(np.abs(new - old) <= np.expand_dims(after["w_s"], 1 - axis) / 2 + 1e-9)
+        # Channels 1 (2) and 2 (120) are within the lane: untouched.
+        np.testing.assert_array_equal(after["w_q"].take([1, 2], axis=axis), before["w_q"].take([1, 2], axis=axis))
+
+
+def test_weights_a_rescale_would_change_are_left_alone_and_still_reported():
+    w = np.array([[100, 100, 1, 1]] * 4)
+    square = w.T.copy()  # (K, N) with K == N: sizes alone cannot tell the axes apart
+    cases = {
+        "quantized per axis 0, not per output channel (1)": _dq_layer("MatMul", square, np.full(4, 0.01), axis=0),
+        "a non-zero weight zero point": _dq_layer("Gemm", w, np.full(4, 0.01), axis=0, zero=3),
+    }
+    for why, model in cases.items():
+        before = model.SerializeToString()
+        fit = limit_pairs(model)
+        assert fit.skipped == (f"layer: {why}",) and fit.rescaled_layers == 0
+        assert model.SerializeToString() == before and pair_problems(model) == ["layer: a weight pair sums to 200"]
+
+
+def test_a_conv_with_a_channel_multiplier_runs_on_the_gemm_path_and_is_limited():
+    multiplied = qdq_conv(np.full((2 * CIN, 1, 3, 3), 127), np.full(2 * CIN, 0.01), group=CIN)
+    assert pair_problems(multiplied) != [] and limit_pairs(multiplied).rescaled_channels == 2 * CIN
+
+
+def test_a_replica_judges_the_model_file_it_is_given(saturating, tmp_path):
+    from app.runtime.select import u8s8_overflows_here
+
+    model, _ = saturating
+    inline, external = tmp_path / "inline.onnx", tmp_path / "external.onnx"
+    onnx.save(model, str(inline))
+    onnx.save(copy.deepcopy(model), str(external), save_as_external_data=True, location="w.bin", size_threshold=0)
+    assert u8s8_overflows_here(str(inline)) is u8s8_overflows_here(str(external)) is x86_without_vnni()
+    assert u8s8_overflows_here(str(tmp_path / "missing.onnx")) is False  # loading it says so, with the variant
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    assert u8s8_overflows_here(str(tmp_path / "junk.onnx")) is False
+    limit_pairs(model)
+    onnx.save(model, str(inline))
+    assert u8s8_overflows_here(str(inline)) is False

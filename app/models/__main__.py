@@ -89,6 +89,8 @@ def cmd_quantize(args: argparse.Namespace, files: ModelFiles) -> int:
             f"U8S8 pair limit: {fit.rescaled_channels} of {fit.channels} channels in {fit.rescaled_layers} of "
             f"{fit.layers} layers rescaled so x86 CPUs without VNNI cannot overflow (app/models/u8s8.py)"
         )
+        for skipped in fit.skipped:
+            print(f"  left as calibrated (a CPU replica without VNNI runs them on U8U8 kernels): {skipped}")
     if args.no_report:
         return 0
     calibration = {

@@ -224,13 +224,14 @@ def u8s8_overflow_note(variant: str) -> str:
     return (
         f"variant {variant!r}: its INT8 weights can overflow the U8S8 kernels of ONNX Runtime and OpenVINO on "
         "this CPU (x86 without VNNI: wrong answers, README 'INT8 on x86 CPUs without VNNI'), so it runs on ORT's "
-        f"U8U8 kernels ({PRECISE_U8S8}): right, but without INT8's speed-up. Requantize with "
+        f"U8U8 kernels where a layer needs them ({PRECISE_U8S8}): right, but without most of INT8's speed-up. "
+        "Requantize with "
         "`python -m app.models quantize` (it limits the weight pairs) to have both"
     )
 
 
 def _cpu_choices(variant: str, opts: RuntimeOptions, openvino: bool, u8s8_overflow: bool) -> list[EngineChoice]:
-    if u8s8_overflow and opts.precision == "int8":
+    if u8s8_overflow:
         if opts.engine == "openvino":
             raise PlanError(f"{u8s8_overflow_note(variant)}; engine openvino has no such switch")
         return [cpu_choice({PRECISE_U8S8: "1"})]
@@ -256,8 +257,8 @@ def plan_engines(
 
     `tensorrt` carries the TensorRT options (they need the model's input name and a cache path the
     caller knows); without it the TensorRT EP is not considered. `u8s8_overflow`: this CPU lacks VNNI and
-    the INT8 model's weights can overflow its U8S8 kernels (app.models.u8s8); a CPU plan then takes ORT's
-    U8U8 kernels alone, and says so in its note.
+    the model's int8 weights (whatever its declared precision) can overflow its U8S8 kernels (app.models.u8s8);
+    a CPU plan then takes ORT's U8U8 kernels alone, and says so in its note. A GPU plan ignores it.
     """
     if opts.engine not in ENGINES:
         raise PlanError(f"variant {variant!r}: engine {opts.engine!r} is not one of {ENGINES}")
@@ -282,6 +283,6 @@ def plan_engines(
 
 
 def _cpu_plan(variant: str, opts: RuntimeOptions, openvino: bool, u8s8_overflow: bool, note: str = "") -> EnginePlan:
-    if u8s8_overflow and opts.precision == "int8":
+    if u8s8_overflow:
         note = "; ".join(n for n in (note, u8s8_overflow_note(variant)) if n)
     return EnginePlan(tuple(_cpu_choices(variant, opts, openvino, u8s8_overflow)), gpu=False, note=note)

@@ -115,15 +115,30 @@ def plan_for(variant: str, path: str, opts: RuntimeOptions, available: list[str]
     """The plan on this node: ONNX Runtime's usable providers and OpenVINO if installed."""
     available = usable_providers() if available is None else available
     trt = tensorrt_for(path, opts) if opts.prefer_gpu and TENSORRT in available else None
-    overflow = opts.precision == "int8" and u8s8_overflows_here(path)
-    return plan_engines(variant, opts, available, openvino_available(), trt, u8s8_overflow=overflow)
+    return _checked_plan(variant, path, opts, available, trt)
+
+
+def _checked_plan(
+    variant: str, path: str, opts: RuntimeOptions, available: list[str], trt: Provider | None = None
+) -> EnginePlan:
+    """The plan, made again with `u8s8_overflow` when it runs on this CPU and the model's int8 weights can
+    overflow its U8S8 kernels (a GPU plan never reads the model for this)."""
+    plan = plan_engines(variant, opts, available, openvino_available(), trt)
+    if plan.gpu or not u8s8_overflows_here(path):
+        return plan
+    return plan_engines(variant, opts, available, openvino_available(), trt, u8s8_overflow=True)
 
 
 def u8s8_overflows_here(path: str) -> bool:
-    """This CPU is x86 without VNNI and the model has int8 weight pairs its U8S8 kernels can overflow."""
-    if not x86_without_vnni():
+    """This CPU is x86 without VNNI and the model has int8 weight pairs its U8S8 kernels can overflow. A model
+    that cannot be read here is not judged (False): loading it reports that with the variant's name."""
+    if not x86_without_vnni() or not os.path.isfile(path):
         return False
-    problems = pair_problems(onnx.load(path, load_external_data=False))
+    try:
+        problems = pair_problems(onnx.load(path))  # external data too, beside the model
+    except Exception as e:
+        logger.warning("%s: could not check int8 weights for U8S8 overflow (%s)", path, e)
+        return False
     if problems:
         logger.warning("%s: int8 weights can overflow U8S8 kernels on this CPU: %s", path, "; ".join(problems[:3]))
     return bool(problems)
@@ -207,13 +222,7 @@ def open_engine(variant: str, path: str, opts: RuntimeOptions, measure_batch: in
         # TensorRT failed to load or build (logged): plan again without it; INT8 then refuses the CUDA EP.
         logger.warning("Classifier_%s: TensorRT failed (%s); planning without it", variant, e)
         try:
-            plan = plan_engines(
-                variant,
-                opts,
-                [p for p in usable_providers() if p != TENSORRT],
-                openvino_available(),
-                u8s8_overflow=opts.precision == "int8" and u8s8_overflows_here(path),
-            )
+            plan = _checked_plan(variant, path, opts, [p for p in usable_providers() if p != TENSORRT])
         except PlanError as again:
             raise ModelLoadError(f"{again} (TensorRT failed: {e})") from e
         engines = [build(path, opts, choice) for choice in plan.candidates]
