@@ -6,7 +6,7 @@ u8 x s8 products are summed into a *saturating 16-bit* lane before the 32-bit ac
 activations up to 255 and per-channel weights up to 127, a pair reaches 2 * 255 * 127 = 64,770 against
 the lane's 32,767, and the layer's output is silently wrong (onnxruntime's session option
 `session.x64quantprecision` documents the overflow; its fix, U8U8 kernels, costs most of INT8's speed-up:
-1.13x FP32 against 1.54x, measured below). Measured on an AMD EPYC Zen 3 (family 25) with this repository's
+1.10-1.23x FP32 against 1.54x, measured below). Measured on an AMD EPYC Zen 3 (family 25) with this repository's
 EfficientNet-Lite0: INT8 agreed with FP32 on 0.78 of 360 varied images through the fused kernels, 0.94 with
 the same Q/DQ graph computed as written (`python -m benchmarks.int8_kernels`).
 
@@ -16,7 +16,7 @@ ONNX's own to be safe) sum past 128 in magnitude with the same sign (255 * 128 =
 255 * 129 does not), to at most 127 before rounding. The channel's scale grows by the same factor (and the
 int32 bias scale of every node using the weights with it, as QLinearConv requires), so the graph computes
 the same function on a coarser grid in those channels: on that machine the fused kernels then agree with
-FP32 on 0.92 of the same images at the same speed. A pair of opposite signs cannot overflow
+FP32 on 0.91 of the same images at the same speed. A pair of opposite signs cannot overflow
 (|255 * w| <= 32,385), and depthwise convolutions are left alone (ORT widens to 16 bits first). Weights a
 rescale would change the function of (quantized along another axis, a non-zero zero point, a scale or bias
 shared with other weights) are left as they are and named in `PairFit.skipped`; `pair_problems` still
