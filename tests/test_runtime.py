@@ -136,6 +136,17 @@ def test_int8_weights_that_can_overflow_u8s8_run_on_ort_u8u8_kernels_alone_and_s
     assert gpu.gpu and not gpu.note
 
 
+def test_a_replica_reads_its_model_for_u8s8_overflow_only_when_its_plan_is_on_the_cpu(monkeypatch) -> None:
+    from app.runtime import select
+
+    read: list[str] = []
+    monkeypatch.setattr(select, "u8s8_overflows_here", lambda path: read.append(path) or True)
+    gpu = select._checked_plan("v", "m.onnx", RuntimeOptions(prefer_gpu=True), [CUDA, CPU])
+    assert gpu.gpu and read == []  # a GPU plan never reads the model for this
+    cpu = select._checked_plan("v", "m.onnx", RuntimeOptions(prefer_gpu=True, precision="int8"), [CPU])
+    assert read == ["m.onnx"] and not cpu.gpu and PRECISE_U8S8 in cpu.candidates[0].session_config
+
+
 def test_x86_without_vnni_reads_the_cpu_flags(tmp_path) -> None:
     from app.runtime.select import x86_without_vnni
 

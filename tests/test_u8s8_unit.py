@@ -168,8 +168,10 @@ def _inits(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
 
 
-def test_weights_shared_by_two_convs_are_rescaled_once_with_both_biases():
-    """One weight initializer, two Convs with biases of their own: both biases follow the one rescale."""
+@pytest.mark.parametrize("shared_bias", [False, True], ids=["own-biases", "one-bias"])
+def test_weights_shared_by_two_convs_are_rescaled_once_with_their_biases(shared_bias):
+    """One weight initializer, two Convs with biases of their own or one bias between them (a module applied
+    twice): every bias follows the one rescale, once."""
     w = np.full((COUT, CIN, 1, 1), 20)
     w[:, 0:2] = 127
     scale = np.full(COUT, 0.01, np.float32)
@@ -186,12 +188,12 @@ def test_weights_shared_by_two_convs_are_rescaled_once_with_both_biases():
         helper.make_node("DequantizeLinear", ["x_q", "xs", "xz"], ["x_dq"]),
         helper.make_node("DequantizeLinear", ["w_q", "w_s"], ["w"], axis=0),
     ]
-    for i, b in enumerate((0.3, -0.7)):
+    biases = (0.3,) if shared_bias else (0.3, -0.7)
+    for i, b in enumerate(biases):
         inits += [_t(f"b{i}_q", np.full(COUT, round(b / (X_SCALE * 0.01)), np.int32)), _t(f"b{i}_s", X_SCALE * scale)]
-        nodes += [
-            helper.make_node("DequantizeLinear", [f"b{i}_q", f"b{i}_s"], [f"b{i}"], axis=0),
-            helper.make_node("Conv", ["x_dq", "w", f"b{i}"], [f"c{i}"], name=f"conv{i}"),
-        ]
+        nodes.append(helper.make_node("DequantizeLinear", [f"b{i}_q", f"b{i}_s"], [f"b{i}"], axis=0))
+    for i in range(2):
+        nodes.append(helper.make_node("Conv", ["x_dq", "w", f"b{0 if shared_bias else i}"], [f"c{i}"], name=f"conv{i}"))
     nodes += [
         helper.make_node("Add", ["c0", "c1"], ["c"]),
         helper.make_node("QuantizeLinear", ["c", "ys", "yz"], ["y_q"]),
@@ -201,8 +203,9 @@ def test_weights_shared_by_two_convs_are_rescaled_once_with_both_biases():
     fit = limit_pairs(model)
     assert (fit.layers, fit.rescaled_layers, fit.rescaled_channels, fit.skipped) == (2, 2, COUT, ())
     got = _inits(model)
-    for i in range(2):
-        np.testing.assert_allclose(got[f"b{i}_s"], X_SCALE * got["w_s"], rtol=1e-6)
+    for i in range(len(biases)):
+        np.testing.assert_allclose(got[f"b{i}_s"], X_SCALE * got["w_s"], rtol=1e-6)  # rescaled once, not twice
+        np.testing.assert_allclose(got[f"b{i}_q"] * got[f"b{i}_s"], biases[i], atol=X_SCALE * got["w_s"].max())
     assert limit_pairs(model).rescaled_layers == 0 and pair_problems(model) == []  # idempotent
     x = np.full((1, CIN, 8, 8), 6.0, np.float32)
     assert np.abs(run(model, x, fused=True) - run(model, x, fused=False)).max() <= 2 * Y_SCALE + 1e-6
@@ -240,15 +243,25 @@ def test_gemm_and_matmul_weights_pair_along_their_reduction_axis():
 def test_weights_a_rescale_would_change_are_left_alone_and_still_reported():
     w = np.array([[100, 100, 1, 1]] * 4)
     square = w.T.copy()  # (K, N) with K == N: sizes alone cannot tell the axes apart
+    two_scales = _dq_layer("Gemm", w, np.full(4, 0.01), axis=0)
+    two_scales.graph.initializer.append(_t("w_s2", np.full(4, 0.02, np.float32)))
+    two_scales.graph.node.extend(
+        [
+            helper.make_node("DequantizeLinear", ["w_q", "w_s2"], ["w2"], axis=0),
+            helper.make_node("Gemm", ["x", "w2"], ["y2"], name="layer2", transB=1),
+        ]
+    )
     cases = {
         "quantized per axis 0, not per output channel (1)": _dq_layer("MatMul", square, np.full(4, 0.01), axis=0),
         "a non-zero weight zero point": _dq_layer("Gemm", w, np.full(4, 0.01), axis=0, zero=3),
+        "read through more than one scale": two_scales,
     }
     for why, model in cases.items():
         before = model.SerializeToString()
         fit = limit_pairs(model)
-        assert fit.skipped == (f"layer: {why}",) and fit.rescaled_layers == 0
-        assert model.SerializeToString() == before and pair_problems(model) == ["layer: a weight pair sums to 200"]
+        label = "layer, layer2" if model is two_scales else "layer"
+        assert fit.skipped == (f"{label}: {why}",) and fit.rescaled_layers == 0
+        assert model.SerializeToString() == before and pair_problems(model) == [f"{label}: a weight pair sums to 200"]
 
 
 def test_a_conv_with_a_channel_multiplier_runs_on_the_gemm_path_and_is_limited():

@@ -18,8 +18,8 @@ int32 bias scale of every node using the weights with it, as QLinearConv require
 the same function on a coarser grid in those channels: on that machine the fused kernels then agree with
 FP32 on 0.91 of the same images at the same speed. A pair of opposite signs cannot overflow
 (|255 * w| <= 32,385), and depthwise convolutions are left alone (ORT widens to 16 bits first). Weights a
-rescale would change the function of (quantized along another axis, a non-zero zero point, a scale or bias
-shared with other weights) are left as they are and named in `PairFit.skipped`; `pair_problems` still
+rescale would change the function of (quantized along another axis, a non-zero zero point, read through
+two scales, a scale or bias shared with other weights) are left as they are and named in `PairFit.skipped`; `pair_problems` still
 counts them, and a CPU replica runs such a model on ORT's U8U8 kernels (app/runtime/select.py).
 
 VNNI CPUs (AVX-512 VNNI, AVX-VNNI) accumulate in 32 bits and never overflowed; there the rescaling costs a
@@ -116,21 +116,25 @@ def _weights(model: onnx.ModelProto) -> list[_Weights]:
         zero = numpy_helper.to_array(inits[dq.input[2]]) if len(dq.input) > 2 and dq.input[2] in inits else None
         if axis != w.out_axis or node.op_type != w.op_type:
             w.problem = "shared by nodes that read it along different axes"
+        elif dq.input[1] != w.scale.name:
+            w.problem = "read through more than one scale"
         elif scale_size > 1 and dq_axis != axis:
             w.problem = f"quantized per axis {dq_axis}, not per output channel ({axis})"
         elif zero is not None and zero.any():
             w.problem = "a non-zero weight zero point"
         bdq = producer.get(node.input[2]) if node.op_type != "MatMul" and len(node.input) > 2 else None
         if bdq is not None and bdq.op_type == "DequantizeLinear" and {*bdq.input[:2]} <= inits.keys():
-            w.biases.append((inits[bdq.input[0]], inits[bdq.input[1]]))
+            pair = (inits[bdq.input[0]], inits[bdq.input[1]])
+            if all(pair[0].name != b.name or pair[1].name != s.name for b, s in w.biases):
+                w.biases.append(pair)  # a bias shared by the nodes sharing the weights: rescaled once
             owners.setdefault(bdq.input[0], set()).add(q.name)
             owners.setdefault(bdq.input[1], set()).add(q.name)
             if scale_size > 1 and int(np.prod(inits[bdq.input[1]].dims)) != scale_size:
                 w.problem = "a bias scale that is not per output channel"
     for w in found.values():
-        names = [w.scale.name] + [t.name for pair in w.biases for t in pair]
-        if not w.problem and any(len(owners[n]) > 1 for n in names):
-            w.problem = "a scale or bias shared with other weights"
+        names = [t.name for pair in w.biases for t in pair]
+        if not w.problem and (len(names) != len(set(names)) or any(len(owners[n]) > 1 for n in [w.scale.name, *names])):
+            w.problem = "a scale or bias shared with other weights or biases"
     return list(found.values())
 
 
