@@ -31,9 +31,9 @@ from app.models.report import DISABLE_QDQ_FUSION
 from app.models.samples import augmented_samples
 from app.models.u8s8 import pair_problems
 from app.preprocess import preprocess
-from app.runtime import OrtEngine
-from app.runtime.openvino_engine import OpenVinoEngine, openvino_available
-from app.runtime.plan import PRECISE_U8S8, RuntimeOptions, cpu_choice
+from app.runtime.openvino_engine import openvino_available
+from app.runtime.plan import PRECISE_U8S8, EngineChoice, RuntimeOptions, cpu_choice
+from app.runtime.select import build
 from benchmarks.cascade import BATCH, corpus, corpus_main
 from benchmarks.environment import REPO
 from benchmarks.report import markdown_table, pyplot, save_figure
@@ -57,7 +57,7 @@ def timed(engine: Any, pixels: np.ndarray) -> tuple[np.ndarray, float]:
 
 def run(per_photo: int) -> dict[str, Any]:
     pixels = np.stack([preprocess(data, 224) for _, data in corpus(per_photo)])
-    reference, fp32_rate = timed(OrtEngine(MODELS / "efficientnet_lite0-fp32.onnx", ONE_THREAD, cpu_choice()), pixels)
+    reference, fp32_rate = timed(build(str(MODELS / "efficientnet_lite0-fp32.onnx"), ONE_THREAD, cpu_choice()), pixels)
     rows = [{"build": "FP32", "way": "ORT fused", "agreement": 1.0, "img_per_s": round(fp32_rate, 1)}]
     with tempfile.TemporaryDirectory() as tmp:
         unlimited = Path(tmp) / "int8-as-calibrated.onnx"
@@ -69,18 +69,18 @@ def run(per_photo: int) -> dict[str, Any]:
         )
         builds = {"shipped (pair-limited)": MODELS / "efficientnet_lite0-int8.onnx", "as calibrated": unlimited}
         overflow = {}
-        for build, path in builds.items():
-            overflow[build] = len(pair_problems(onnx.load(str(path))))
-            engines: dict[str, Any] = {
-                way: OrtEngine(str(path), ONE_THREAD, cpu_choice(cfg)) for way, cfg in WAYS.items()
-            }
-            if openvino_available():  # built directly: a replica's plan refuses OpenVINO for overflowing weights
-                engines["OpenVINO"] = OpenVinoEngine(str(path), ONE_THREAD)
+        for kind, path in builds.items():
+            overflow[kind] = len(pair_problems(onnx.load(str(path))))
+            # Built directly: a replica's plan moves overflowing weights to U8U8 and refuses OpenVINO for them.
+            choices = {way: cpu_choice(cfg) for way, cfg in WAYS.items()}
+            if openvino_available():
+                choices["OpenVINO"] = EngineChoice("openvino")
+            engines = {way: build(str(path), ONE_THREAD, choice) for way, choice in choices.items()}
             for way, engine in engines.items():
                 top1, rate = timed(engine, pixels)
                 rows.append(
                     {
-                        "build": build,
+                        "build": kind,
                         "way": way,
                         "agreement": round(float(np.mean(top1 == reference)), 3),
                         "img_per_s": round(rate, 1),

@@ -170,10 +170,10 @@ def quantize(
         if opts.target == "tensorrt" and (problems := tensorrt_problems(onnx.load(str(out)))):
             # onnxruntime.quantization's options, not this module, decide the graph: check what they produced.
             raise RuntimeError(f"the TensorRT INT8 would not build: {'; '.join(problems[:5])}")
-        fit = None
+        data, fit = out.read_bytes(), None
         if opts.target == "cpu" and opts.pair_limit:
-            model = onnx.load(str(out))
+            model = onnx.load_from_string(data)
             fit = limit_pairs(model)
-            onnx.save(model, str(out))
-        atomic_write(int8, out.read_bytes())
+            data = model.SerializeToString()
+        atomic_write(int8, data)
     return fit

@@ -29,7 +29,7 @@ little precision for nothing (`python -m app.models quantize --no-pair-limit` fo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -51,20 +51,13 @@ class PairFit:
     skipped: tuple[str, ...] = ()  # weights that can overflow but could not be rescaled safely, and why
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "layers": self.layers,
-            "rescaled_layers": self.rescaled_layers,
-            "channels": self.channels,
-            "rescaled_channels": self.rescaled_channels,
-            "skipped": list(self.skipped),
-        }
+        return {**asdict(self), "skipped": list(self.skipped)}
 
 
 @dataclass
 class _Weights:
     """One int8 weight initializer and every node that computes with it."""
 
-    name: str
     op_type: str
     q: onnx.TensorProto
     scale: onnx.TensorProto
@@ -108,7 +101,7 @@ def _weights(model: onnx.ModelProto) -> list[_Weights]:
         axis = _out_axis(node, q.dims)
         if q.data_type != onnx.TensorProto.INT8 or axis is None:
             continue
-        w = found.setdefault(q.name, _Weights(q.name, node.op_type, q, inits[dq.input[1]], axis))
+        w = found.setdefault(q.name, _Weights(node.op_type, q, inits[dq.input[1]], axis))
         w.nodes.append(node)
         owners.setdefault(dq.input[1], set()).add(q.name)
         scale_size = int(np.prod(w.scale.dims))

@@ -225,16 +225,11 @@ def u8s8_overflow_note(variant: str) -> str:
         f"variant {variant!r}: its INT8 weights can overflow the U8S8 kernels of ONNX Runtime and OpenVINO on "
         "this CPU (x86 without VNNI: wrong answers, README 'INT8 on x86 CPUs without VNNI'), so it runs on ORT's "
         f"U8U8 kernels where a layer needs them ({PRECISE_U8S8}): right, but without most of INT8's speed-up. "
-        "Requantize with "
-        "`python -m app.models quantize` (it limits the weight pairs) to have both"
+        "Requantize with `python -m app.models quantize` (it limits the weight pairs) to have both"
     )
 
 
-def _cpu_choices(variant: str, opts: RuntimeOptions, openvino: bool, u8s8_overflow: bool) -> list[EngineChoice]:
-    if u8s8_overflow:
-        if opts.engine == "openvino":
-            raise PlanError(f"{u8s8_overflow_note(variant)}; engine openvino has no such switch")
-        return [cpu_choice({PRECISE_U8S8: "1"})]
+def _cpu_choices(variant: str, opts: RuntimeOptions, openvino: bool) -> list[EngineChoice]:
     cpu = cpu_choice()
     if opts.engine == "openvino":
         if not openvino:
@@ -283,6 +278,9 @@ def plan_engines(
 
 
 def _cpu_plan(variant: str, opts: RuntimeOptions, openvino: bool, u8s8_overflow: bool, note: str = "") -> EnginePlan:
-    if u8s8_overflow:
-        note = "; ".join(n for n in (note, u8s8_overflow_note(variant)) if n)
-    return EnginePlan(tuple(_cpu_choices(variant, opts, openvino, u8s8_overflow)), gpu=False, note=note)
+    if not u8s8_overflow:
+        return EnginePlan(tuple(_cpu_choices(variant, opts, openvino)), gpu=False, note=note)
+    if opts.engine == "openvino":
+        raise PlanError(f"{u8s8_overflow_note(variant)}; engine openvino has no such switch")
+    note = "; ".join(n for n in (note, u8s8_overflow_note(variant)) if n)
+    return EnginePlan((cpu_choice({PRECISE_U8S8: "1"}),), gpu=False, note=note)
