@@ -11,6 +11,7 @@ import json
 import platform
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,7 @@ from app.runtime.plan import (
 )
 from app.runtime.select import open_engine
 from app.runtime.startup import run_speed_gate
+from tests.conftest import REPO
 
 ALL_GPU = [TENSORRT, CUDA, CPU]
 SAMPLE = (224, 224, 3)
@@ -314,3 +316,11 @@ def test_speed_gate_on_real_engines_judges_the_measured_ratio(model_files) -> No
 
 def test_measure_module_imports_no_engine() -> None:
     assert "onnxruntime" not in measure_module.__dict__ and "openvino" not in measure_module.__dict__
+
+
+def test_the_runtime_imports_without_the_onnx_package() -> None:
+    """The Triton peer's environment (benchmarks/baselines/triton_peer.py) has ONNX Runtime, not onnx: opening an
+    engine there must not need it (a module-level `import onnx` once stopped that peer from starting)."""
+    code = "import sys; sys.modules['onnx'] = None; import app.runtime; from app.runtime import onnxruntime_engine"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

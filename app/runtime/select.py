@@ -16,9 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-import onnx
 
-from app.models.u8s8 import pair_problems
 from app.runtime.measure import Throughput, measure_alternating
 from app.runtime.openvino_engine import OpenVinoEngine, openvino_available
 from app.runtime.ort_engine import OrtEngine, ort_version, tensorrt_version, usable_providers
@@ -134,6 +132,12 @@ def u8s8_overflows_here(path: str) -> bool:
     that cannot be read here is not judged (False): loading it reports that with the variant's name."""
     if not x86_without_vnni() or not os.path.isfile(path):
         return False
+    # Here, not at import: the Triton peer (benchmarks/baselines/triton_peer.py) runs app.runtime in an
+    # environment with ONNX Runtime but without the onnx package.
+    import onnx
+
+    from app.models.u8s8 import pair_problems
+
     try:
         problems = pair_problems(onnx.load(path))  # external data too, beside the model
     except Exception as e:
