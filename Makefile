@@ -24,7 +24,8 @@ $(MODELS): | $(STAMP)
 models: $(MODELS)   ## FP32 + INT8 + TensorRT INT8 + the quality report (models/), built once
 
 serve: $(MODELS)    ## the app on this machine, CPU only, with Serve's environment from configs/serve.env
-	set -a && . configs/serve.env && set +a && .venv/bin/serve run configs/local.yaml
+	set -a && . configs/serve.env && set +a && RAY_SERVE_HAPROXY_BINARY_PATH=$(CURDIR)/.venv/bin/app-haproxy \
+	  .venv/bin/serve run configs/local.yaml
 
 status: $(STAMP)    ## serve status of the running app (Ray 2.60 clusters use token auth)
 	RAY_AUTH_MODE=token .venv/bin/serve status

@@ -579,6 +579,12 @@ def parse_serve_env(text: str, source: str) -> dict[str, str]:
         if m[1] in env:
             raise ValueError(f"{source}:{number}: {m[1]} is set twice")
         env[m[1]] = m[2]
+    from app.front import Front
+
+    try:
+        Front.from_env(env)
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from None
     return env
 
 
@@ -604,7 +610,23 @@ def private_haproxy_env(port: int) -> dict[str, str]:
     }
 
 
-def private_serve_env(port: int, env: dict[str, str] | None = None) -> dict[str, str]:
+def front_binary() -> str | None:
+    """`app-haproxy` (the admission front, app/front.py) of this Python's environment, if installed."""
+    import shutil
+    import sys
+
+    return shutil.which("app-haproxy", path=str(Path(sys.executable).parent))
+
+
+def with_front(env: dict[str, str]) -> dict[str, str]:
+    """`env` with Serve's HAProxy binary set to the admission front, where HAProxy is on and none is named."""
+    if env.get("RAY_SERVE_ENABLE_HA_PROXY") != "1" or env.get("RAY_SERVE_HAPROXY_BINARY_PATH"):
+        return env
+    binary = front_binary()
+    return env if binary is None else {**env, "RAY_SERVE_HAPROXY_BINARY_PATH": binary}
+
+
+def private_serve_env(port: int, env: dict[str, str] | None = None, front: bool = True) -> dict[str, str]:
     """`env` (default: configs/serve.env) made private to the Serve instance on HTTP port `port`.
 
     Replicas' own HTTP (direct ingress) and gRPC ports come from fixed ranges (30000-31000,
@@ -614,7 +636,8 @@ def private_serve_env(port: int, env: dict[str, str] | None = None) -> dict[str,
     instance therefore gets its own ranges, derived from its port (HTTP port+20000 .. +20, gRPC
     port+21000 .. +50; instances whose ports are 50 or more apart never overlap), its own fallback
     proxy ports (port+93, +94), and, when the
-    environment turns HAProxy on, its own HAProxy files and ports (`private_haproxy_env`).
+    environment turns HAProxy on, its own HAProxy files and ports (`private_haproxy_env`) and, unless
+    `front` is False (the benchmarks' Serve peers, as Ray ships them), the admission front (`with_front`).
     """
     out = read_serve_env() if env is None else dict(env)
     out.update(
@@ -631,7 +654,7 @@ def private_serve_env(port: int, env: dict[str, str] | None = None) -> dict[str,
     )
     if out.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
         out.update(private_haproxy_env(port))
-    return out
+    return with_front(out) if front else out
 
 
 def main(argv: list[str] | None = None) -> int:

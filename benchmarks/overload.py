@@ -9,10 +9,19 @@ beside the goodput, gives the CPU each refusal cost: (server CPU - goodput x CPU
 refusals. After the last step: how long until a request succeeds again. Then open-loop Poisson arrivals at 2x, 4x
 and 10x the capacity measured at 32 connections (the Python client of benchmarks/load.py).
 
-Targets: "app" (configs/local.yaml + serve.env: beyond max_in_flight a bounded wait queue, then JSON 503s, paced
-beyond max_refusals_per_s), "app_paceonly" (no wait queue: max_queue_wait_s 0), "app_noqueue" (neither: a 503 at once
-beyond max_in_flight, the behaviour before both), "app_split" (as "app", but decoding in a Preprocessor deployment, not
-in the Router: prod.yaml's shape), and "triton" (PyTriton: its dynamic batcher queues without bound).
+Targets:
+- "app": configs/local.yaml + serve.env with the admission front (app/front.py). HAProxy lets
+  APP_FRONT_MAXCONN_PER_REPLICA requests into the Router at once and holds up to APP_FRONT_MAX_QUEUED more in its
+  queue; the rest, and what waited APP_FRONT_QUEUE_TIMEOUT_S, get a JSON 503 from HAProxy.
+- "app_frontwait": the front with APP_FRONT_MAX_QUEUED=0: every refusal waits the queue timeout, which paces clients
+  that resend at once.
+- "app_router": no front, the Router is the first line: beyond max_in_flight a bounded wait queue, then JSON 503s,
+  paced beyond max_refusals_per_s.
+- "app_paceonly" (no front, no wait queue: max_queue_wait_s 0) and "app_noqueue" (no front, neither: a 503 at once
+  beyond max_in_flight, the behaviour before both).
+- "app_split": as "app", but decoding in a Preprocessor deployment, not in the Router (prod.yaml's shape).
+- "triton": PyTriton; its dynamic batcher queues without bound.
+
 Writes
 benchmarks/results/<date>-<host>-overload.json, .md and a PNG.
 """
@@ -47,9 +56,24 @@ CONNECTIONS = (32, 128, 512, 1024)
 OPEN_LOAD = (2, 4, 10)  # x the goodput at the first closed step
 PROBE_RATE = 8.0  # requests/s from the well-behaved probe
 TARGETS = {
-    "app": run.Target("app", "this app (wait queue, paced refusals)", "local", 8000, ("sweep",)),
-    "app_paceonly": run.Target("app_paceonly", "this app, paced refusals, no queue", "paceonly", 8000, ("sweep",)),
-    "app_noqueue": run.Target("app_noqueue", "this app, refusing at once", "noqueue", 8000, ("sweep",)),
+    "app": run.Target("app", "this app (admission front, configs/serve.env)", "local", 8000, ("sweep",)),
+    "app_frontwait": run.Target(
+        "app_frontwait",
+        "this app, front refusing only after its queue timeout",
+        "local",
+        8000,
+        ("sweep",),
+        env=(("APP_FRONT_MAX_QUEUED", "0"),),
+    ),
+    "app_router": run.Target(
+        "app_router", "this app, no front (the Router refuses)", "local", 8000, ("sweep",), front=False
+    ),
+    "app_paceonly": run.Target(
+        "app_paceonly", "this app, no front, paced refusals, no queue", "paceonly", 8000, ("sweep",), front=False
+    ),
+    "app_noqueue": run.Target(
+        "app_noqueue", "this app, no front, refusing at once", "noqueue", 8000, ("sweep",), front=False
+    ),
     "app_split": run.Target("app_split", "this app, decode in a Preprocessor", "localsplit", 8000, ("sweep",)),
     "triton": dataclasses.replace(next(t for t in run.TARGETS if t.key == "triton"), workloads=("v2",)),
 }
@@ -137,15 +161,29 @@ def storm_step(wl: Workload, connections: int, plan: dict[str, Any], cpu: Proces
     return step
 
 
+INGRESS = ("haproxy", "HAProxyManager", "ProxyActor", "Router")  # the processes a refusal passes through
+
+
+def ingress_cpu_s(step: dict[str, Any]) -> float | None:
+    """CPU seconds of the ingress processes in a step (all the server's where they are not told apart)."""
+    split = step.get("cpu_by_process_s") or {}
+    if any(k in split for k in INGRESS):
+        return sum(split.get(k, 0.0) for k in INGRESS)
+    return step.get("server_cpu_s")
+
+
 def cost_per_refusal(steps: list[dict[str, Any]]) -> None:
-    """CPU ms per refusal, from each step's CPU less its successes at the first step's CPU per success."""
+    """CPU ms per refusal at the ingress: each step's ingress CPU less its successes at the first step's ingress
+    CPU per success, over its refusals. The Classifiers are left out: their CPU per image moves with batch size."""
     base = steps[0]
-    per_ok = base["server_cpu_s"] / max(1, base["ok"]) if base.get("server_cpu_s") else None
+    base_cpu = ingress_cpu_s(base)
+    per_ok = base_cpu / max(1, base["ok"]) if base_cpu else None
     for st in steps:
         refusals = st["refused_per_s"] * st["window_s"]
-        if per_ok is None or refusals < 1 or st.get("server_cpu_s") is None:
+        cpu = ingress_cpu_s(st)
+        if per_ok is None or refusals < 1 or cpu is None:
             continue
-        st["cpu_ms_per_refusal"] = round((st["server_cpu_s"] - st["ok"] * per_ok) * 1000 / refusals, 3)
+        st["cpu_ms_per_refusal"] = round((cpu - st["ok"] * per_ok) * 1000 / refusals, 3)
 
 
 def recovery_s(wl: Workload, timeout_s: float = 60.0) -> float | None:

@@ -69,6 +69,12 @@ class Target:
     sweep: tuple[int, ...] = ()  # its concurrency levels; empty: the plan's
     pairs: int = 1  # of the "batch" workload
     one_model: bool = False  # serves one V2 model (no per-variant names): V2 steps name the model, not a variant
+    front: bool = True  # this app's targets: HAProxy runs as the admission front (app/front.py); peers never
+    env: tuple[tuple[str, str], ...] = ()  # on top of configs/serve.env (a variant of the front's limits)
+
+    @property
+    def with_front(self) -> bool:
+        return self.front and self.key.startswith("app")
 
     @property
     def url(self) -> str:
@@ -198,7 +204,9 @@ def run_target(t: Target, plan: dict[str, Any], log_dir: Path, steps: Steps | No
     if port_open(t.url):
         return {**out, "error": f"something already listens at {t.url}: a server this run did not start"}
     # A private Ray, never someone else's, and never the HAProxy files/ports of a `make serve` running beside it.
-    env = private_serve_env(t.port, {**(read_serve_env() if t.serve_env else {}), "RAY_ADDRESS": "local"})
+    env = private_serve_env(
+        t.port, {**(read_serve_env() if t.serve_env else {}), "RAY_ADDRESS": "local", **dict(t.env)}, front=t.with_front
+    )
     server = ServerProcess(t.name, out["start"], log_dir / f"{t.key}.log", cwd=REPO, env=env, fail_patterns=FAILED)
     out["log"] = str(server.log_path)
     print(f"\n== {t.name}: {' '.join(out['start'])}", file=sys.stderr, flush=True)

@@ -50,6 +50,9 @@ def test_serve_env_is_read_as_key_value_lines(tmp_path: Path) -> None:
         "RAY_SERVE_HAPROXY_NBTHREAD": "1",
         "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": "201326592",
         "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE": "16777216",
+        "APP_FRONT_MAXCONN_PER_REPLICA": "128",
+        "APP_FRONT_QUEUE_TIMEOUT_S": "4",
+        "APP_FRONT_MAX_QUEUED": "128",
     }
     f = tmp_path / "x.env"
     f.write_text("# comment\n\nA_B=1\n  C=/tmp/x  \nEMPTY=\n")
@@ -64,6 +67,7 @@ def test_serve_env_is_read_as_key_value_lines(tmp_path: Path) -> None:
         ("A=1 2", "2: expected KEY=VALUE"),
         ("a=1", "2: expected KEY=VALUE"),
         ("A=1\nA=2", "3: A is set twice"),
+        ("APP_FRONT_QUEUE_TIMEOUT_S=-1", "APP_FRONT_QUEUE_TIMEOUT_S=-1.0: must be in"),
     ],
 )
 def test_serve_env_refuses_what_make_python_and_kubernetes_would_read_differently(

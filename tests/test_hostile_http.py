@@ -192,6 +192,24 @@ def test_overload_on_one_machine_waits_then_sheds_with_503_not_errors(
         local_app.deploy(local_config(model_files))
 
 
+def test_haproxy_runs_the_admission_front(local_app: ServeDeployer) -> None:
+    """The tests' Serve runs configs/serve.env as `make serve` does: HAProxy is the front (app/front.py), so each
+    Router replica has HAProxy's per-server limit (tests/test_front_unit.py checks what HAProxy does with it)."""
+    import csv
+    import io
+
+    from app.config import read_serve_env
+    from app.front import Front
+
+    limit = Front.from_env(read_serve_env()).maxconn_per_replica
+    stats = httpx.get(f"http://127.0.0.1:{_port(local_app.url) + 91}/stats;csv", timeout=10)
+    rows = list(csv.DictReader(io.StringIO(stats.text.lstrip("# "))))
+    routers = [r for r in rows if r["pxname"].startswith("http-") and r["svname"].startswith("SERVE_REPLICA")]
+    assert routers and all(r["slim"] == str(limit) for r in routers), [(r["svname"], r["slim"]) for r in routers]
+    grpc = [r for r in rows if r["pxname"].startswith("grpc-") and r["svname"].startswith("SERVE_REPLICA")]
+    assert all(r["slim"] in ("", "0") for r in grpc)  # HTTP/2 streams: no per-server limit
+
+
 # --------------------------------------------------------------------------- hostile load: the Router's side
 
 

@@ -1136,3 +1136,16 @@ def test_the_cpu_overlay_serves_the_cpu_int8_artifact_not_the_tensorrt_one() -> 
     cpu = cpu_serve_config(prod)["applications"][0]["args"]["variants"]
     assert cpu["int8"]["model_path"] == "/home/ray/models/efficientnet_lite0-int8.onnx"
     assert cpu["fp32"] == prod["applications"][0]["args"]["variants"]["fp32"]
+
+
+def test_the_image_runs_the_admission_front_as_serves_haproxy() -> None:
+    steps = dockerfile(K8S / "Dockerfile")
+    env = " ".join(a for i, a in steps if i == "ENV")
+    path = re.search(r"RAY_SERVE_HAPROXY_BINARY_PATH=(\S+)", env)
+    assert path and path.group(1).endswith("/bin/app-haproxy"), "Serve must start the front (app/front.py)"
+    install = next(a for i, a in steps if i == "RUN" and a.startswith("pip install"))
+    assert 'test "$(command -v app-haproxy)" = "$RAY_SERVE_HAPROXY_BINARY_PATH"' in install  # built where it points
+    assert 'app-haproxy = "app.front:main"' in _pyproject()
+    # configs/serve.env goes into every Pod: it carries the limits, and must not point Serve elsewhere.
+    serve_env = k8s.parse_serve_env((REPO / "configs" / "serve.env").read_text(), "serve.env")
+    assert "RAY_SERVE_HAPROXY_BINARY_PATH" not in serve_env and "APP_FRONT_MAXCONN_PER_REPLICA" in serve_env

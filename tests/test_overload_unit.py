@@ -37,6 +37,17 @@ def test_cpu_per_refusal_charges_successes_at_the_first_steps_cost() -> None:
     assert steps[1]["cpu_ms_per_refusal"] == (17.0 - 150 * 0.02) * 1000 / 8000  # 1.75 ms
 
 
+def test_cpu_per_refusal_counts_the_ingress_not_the_classifiers() -> None:
+    # The Classifier's CPU per image falls with bigger batches under load: left in, it would hide (or fake)
+    # the cost of refusals. Only the processes a refusal passes through are charged.
+    steps = [step(32, 800, 0, 16.0), step(1024, 800, 100, 15.0)]
+    steps[0]["cpu_by_process_s"] = {"haproxy": 0.2, "HAProxyManager": 0.2, "Router": 3.6, "Classifier_fp32": 12.0}
+    steps[1]["cpu_by_process_s"] = {"haproxy": 0.4, "HAProxyManager": 0.2, "Router": 3.6, "Classifier_fp32": 10.8}
+    cost_per_refusal(steps)
+    # (4.2 - 800 x 4.0 / 800) s over 1,000 refusals; the whole server would give (15 - 800 x 0.02) s: -1 ms
+    assert steps[1]["cpu_ms_per_refusal"] == 0.2
+
+
 def test_rows_name_each_load_and_leave_out_503s_from_other_errors() -> None:
     st = step(512, 150, 800, 17.0)
     st["errors"] = {"503": 8000, "timeout": 3}
