@@ -60,8 +60,8 @@ bench: $(MODELS) $(TRITON_STAMP)   ## the peers (Triton, LitServe, FastAPI, Serv
 	$(PY) -m benchmarks.preprocess_bench
 	$(PY) -m benchmarks.engine_bench
 
-overload: $(MODELS) $(TRITON_STAMP)   ## a retry storm (32..1024 connections) and 2x/4x/10x open-loop load: this app, queue on and off, and Triton
-	$(PY) -m benchmarks.overload
+overload: $(MODELS) $(TRITON_STAMP)   ## a retry storm (32..1024 connections) and 2x/4x/10x open-loop load: this app with and without its admission front, and Triton
+	$(PY) -m benchmarks.overload --targets app,app_fastrefuse,app_router,triton
 
 autoscale: $(MODELS)   ## prod.yaml's autoscaling policies on a local multi-node cluster under a 4x load step
 	$(PY) -m benchmarks.autoscale

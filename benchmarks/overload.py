@@ -11,10 +11,9 @@ and 10x the capacity measured at 32 connections (the Python client of benchmarks
 
 Targets:
 - "app": configs/local.yaml + serve.env with the admission front (app/front.py). HAProxy lets
-  APP_FRONT_MAXCONN_PER_REPLICA requests into the Router at once and holds up to APP_FRONT_MAX_QUEUED more in its
-  queue; the rest, and what waited APP_FRONT_QUEUE_TIMEOUT_S, get a JSON 503 from HAProxy.
-- "app_frontwait": the front with APP_FRONT_MAX_QUEUED=0: every refusal waits the queue timeout, which paces clients
-  that resend at once.
+  APP_FRONT_MAXCONN_PER_REPLICA requests into the Router at once and holds the rest in its queue; what waited
+  APP_FRONT_QUEUE_TIMEOUT_S gets a JSON 503 from HAProxy (the wait paces clients that resend at once).
+- "app_fastrefuse": the front with APP_FRONT_MAX_QUEUED=128: beyond 128 waiting, HAProxy refuses at once.
 - "app_router": no front, the Router is the first line: beyond max_in_flight a bounded wait queue, then JSON 503s,
   paced beyond max_refusals_per_s.
 - "app_paceonly" (no front, no wait queue: max_queue_wait_s 0) and "app_noqueue" (no front, neither: a 503 at once
@@ -57,13 +56,13 @@ OPEN_LOAD = (2, 4, 10)  # x the goodput at the first closed step
 PROBE_RATE = 8.0  # requests/s from the well-behaved probe
 TARGETS = {
     "app": run.Target("app", "this app (admission front, configs/serve.env)", "local", 8000, ("sweep",)),
-    "app_frontwait": run.Target(
-        "app_frontwait",
-        "this app, front refusing only after its queue timeout",
+    "app_fastrefuse": run.Target(
+        "app_fastrefuse",
+        "this app, front refusing at once beyond 128 waiting",
         "local",
         8000,
         ("sweep",),
-        env=(("APP_FRONT_MAX_QUEUED", "0"),),
+        env=(("APP_FRONT_MAX_QUEUED", "128"),),
     ),
     "app_router": run.Target(
         "app_router", "this app, no front (the Router refuses)", "local", 8000, ("sweep",), front=False

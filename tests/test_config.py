@@ -52,7 +52,7 @@ def test_serve_env_is_read_as_key_value_lines(tmp_path: Path) -> None:
         "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE": "16777216",
         "APP_FRONT_MAXCONN_PER_REPLICA": "128",
         "APP_FRONT_QUEUE_TIMEOUT_S": "4",
-        "APP_FRONT_MAX_QUEUED": "128",
+        "APP_FRONT_MAX_QUEUED": "0",
     }
     f = tmp_path / "x.env"
     f.write_text("# comment\n\nA_B=1\n  C=/tmp/x  \nEMPTY=\n")

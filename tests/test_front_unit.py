@@ -149,7 +149,7 @@ def test_the_shipped_environment_sets_the_front() -> None:
     from app.config import read_serve_env
 
     front = Front.from_env(read_serve_env())
-    assert front.maxconn_per_replica == 128 and front.queue_timeout_s == 4 and front.max_queued == 128
+    assert front.maxconn_per_replica == 128 and front.queue_timeout_s == 4 and front.max_queued == 0
 
 
 class Holding(http.server.BaseHTTPRequestHandler):
