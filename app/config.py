@@ -654,6 +654,10 @@ def private_serve_env(port: int, env: dict[str, str] | None = None, front: bool 
     )
     if out.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
         out.update(private_haproxy_env(port))
+        if not front:  # HAProxy itself, even where the caller's environment names the front
+            from app.front import real_haproxy
+
+            out["RAY_SERVE_HAPROXY_BINARY_PATH"] = real_haproxy()
     return with_front(out) if front else out
 
 

@@ -202,11 +202,19 @@ def test_haproxy_runs_the_admission_front(local_app: ServeDeployer) -> None:
     from app.front import Front
 
     limit = Front.from_env(read_serve_env()).maxconn_per_replica
-    stats = httpx.get(f"http://127.0.0.1:{_port(local_app.url) + 91}/stats;csv", timeout=10)
-    rows = list(csv.DictReader(io.StringIO(stats.text.lstrip("# "))))
-    routers = [r for r in rows if r["pxname"].startswith("http-") and r["svname"].startswith("SERVE_REPLICA")]
-    assert routers and all(r["slim"] == str(limit) for r in routers), [(r["svname"], r["slim"]) for r in routers]
-    grpc = [r for r in rows if r["pxname"].startswith("grpc-") and r["svname"].startswith("SERVE_REPLICA")]
+
+    def rows() -> list[dict[str, str]]:
+        stats = httpx.get(f"http://127.0.0.1:{_port(local_app.url) + 91}/stats;csv", timeout=10)
+        return list(csv.DictReader(io.StringIO(stats.text.lstrip("# "))))
+
+    def routers() -> list[dict[str, str]]:
+        return [r for r in rows() if r["pxname"].startswith("http-") and r["svname"].startswith("SERVE_REPLICA")]
+
+    # After a redeploy (earlier tests), /readyz can answer through Serve's fallback proxy before HAProxy has
+    # reloaded with the new Router: wait for it.
+    found = wait_until(routers, timeout_s=30, what="a Router replica in HAProxy's stats")
+    assert all(r["slim"] == str(limit) for r in found), [(r["svname"], r["slim"]) for r in found]
+    grpc = [r for r in rows() if r["pxname"].startswith("grpc-") and r["svname"].startswith("SERVE_REPLICA")]
     assert all(r["slim"] in ("", "0") for r in grpc)  # HTTP/2 streams: no per-server limit
 
 

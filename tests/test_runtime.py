@@ -319,8 +319,8 @@ def test_measure_module_imports_no_engine() -> None:
 
 
 def test_the_runtime_imports_without_the_onnx_package() -> None:
-    """The Triton peer's environment (benchmarks/baselines/triton_peer.py) has ONNX Runtime, not onnx: opening an
-    engine there must not need it (a module-level `import onnx` once stopped that peer from starting)."""
+    """The Triton peer's environment (benchmarks/baselines/triton_peer.py) has ONNX Runtime, not onnx: importing
+    the runtime and its engine there must not need it (a module-level `import onnx` once stopped that peer)."""
     code = "import sys; sys.modules['onnx'] = None; import app.runtime; from app.runtime import onnxruntime_engine"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
