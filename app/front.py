@@ -130,24 +130,29 @@ def admit(config: str, front: Front) -> str:
         f"hdr Retry-After {front.retry_after_s}",
     ]
     lines: list[str] = []
-    section, placed = "", False
+    header: list[str] = []  # the current section's header, as words
+    placed = False
     for line in config.splitlines():
         if _SECTION.match(line):
-            if section.startswith("backend ") and section.split()[1:2] and section.split()[1] in backends:
+            if _edited(header, backends):
                 lines += limits  # at the end of the section: after any timeout Serve sets, so ours holds
-            section = line.strip()
-        name = section.split()[1] if section.startswith("backend ") and len(section.split()) > 1 else None
-        if section == "frontend http_frontend" and not placed and line.startswith("    use_backend "):
+            header = line.split()
+        if header == ["frontend", "http_frontend"] and not placed and line.startswith("    use_backend "):
             lines += picks
             placed = True
-        if name in backends and re.match(r"\s+server \S+ \S+", line) and not re.search(r"\sbackup\b", line):
+        if _edited(header, backends) and re.match(r"\s+server \S+ \S+", line) and not re.search(r"\sbackup\b", line):
             line += f" maxconn {front.maxconn_per_replica}"
         lines.append(line)
-    if section.startswith("backend ") and section.split()[1:2] and section.split()[1] in backends:
+    if _edited(header, backends):
         lines += limits
     if not placed:
         raise Unrecognised("the http frontend has no use_backend line to put the front's rules before")
     return "\n".join(lines) + "\n"
+
+
+def _edited(header: list[str], backends: list[str]) -> bool:
+    """Whether the section with this header is one of the HTTP application backends the front limits."""
+    return len(header) > 1 and header[0] == "backend" and header[1] in backends
 
 
 def _literal(text: str) -> str:
