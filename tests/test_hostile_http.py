@@ -197,6 +197,7 @@ def test_haproxy_runs_the_admission_front(local_app: ServeDeployer) -> None:
     Router replica has HAProxy's per-server limit (tests/test_front_unit.py checks what HAProxy does with it)."""
     import csv
     import io
+    import os
 
     from app.config import read_serve_env
     from app.front import Front
@@ -204,7 +205,8 @@ def test_haproxy_runs_the_admission_front(local_app: ServeDeployer) -> None:
     limit = Front.from_env(read_serve_env()).maxconn_per_replica
 
     def rows() -> list[dict[str, str]]:
-        stats = httpx.get(f"http://127.0.0.1:{_port(local_app.url) + 91}/stats;csv", timeout=10)
+        port = os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]  # this session's, from private_serve_env
+        stats = httpx.get(f"http://127.0.0.1:{port}/stats;csv", timeout=10)
         return list(csv.DictReader(io.StringIO(stats.text.lstrip("# "))))
 
     def routers() -> list[dict[str, str]]:
