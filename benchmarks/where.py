@@ -2,13 +2,19 @@
 
     python -m benchmarks.where --targets app_ortcpu,triton --workload v2 --concurrency 32
     python -m benchmarks.where --targets app_ortcpu --workload v2batch --concurrency 8 --py-spy
+    python -m benchmarks.where --targets app_ortcpu,triton --workload v2 --concurrency 32 --perf
 
 Starts each target as `make bench` does (`benchmarks.run.run_target`: a private Ray, configs/serve.env), runs one
 closed-loop wrk step of a workload of benchmarks.run.WORKLOADS, and reads the CPU time of every process the target
 started around the measured window. Processes are named by role: a Serve replica by its deployment, then HAProxy,
 Ray's daemons (raylet, GCS, dashboard and its agents), Triton's server and stubs. With `--py-spy`, each replica is
 also sampled by `py-spy record` for the window (collapsed stacks, and in the JSON the hottest functions and the
-share of samples by package: ours, Ray Serve, Ray core, gRPC, the HTTP server, ...).
+share of samples by package: ours, Ray Serve, Ray core, gRPC, the HTTP server, ...). With `--perf`, each of the
+target's busy processes is also sampled by Linux `perf record` (every thread, native code included, no call
+graphs), and its CPU is shared out by library: the engine, OpenCV, the Python interpreter, libc, the kernel, gRPC,
+Ray's core: what py-spy cannot see (code that released the GIL, threads that are not Python's). perf slows what it
+samples, unevenly (Triton's server fell from ~115 to 69 img/s under it in one run): take the shares from a `--perf`
+run and throughput from one without.
 Writes benchmarks/results/<stamp>-<host>-where.{json,md}.
 """
 
@@ -88,6 +94,64 @@ def py_spy(pids: dict[str, int], seconds: float, out_dir: Path) -> dict[str, sub
     return procs
 
 
+LIBRARIES = (  # (pattern on a shared object's name, its group), the first match names it
+    (r"onnxruntime|openvino|libdnnl|libtbb", "engine"),
+    (r"cv2|libjpeg|libpng|libavif|libwebp|libopencv", "OpenCV"),
+    (r"grpc", "gRPC"),
+    (r"_raylet|libray", "Ray core"),
+    (r"numpy|_multiarray|openblas", "numpy"),
+    (r"libpython|^python3", "Python interpreter"),
+    (r"\.cpython-\d+", "other Python extensions"),
+    (r"^libc[.-]|^libm[.-]|libpthread|ld-linux", "libc"),
+    (r"kernel", "kernel"),
+)
+PERF_HZ = 499  # samples a second per busy thread: enough for shares to ~1 point over 10 s, little overhead
+
+
+def library(dso: str) -> str:
+    for pattern, name in LIBRARIES:
+        if re.search(pattern, dso):
+            return name
+    return "other native code"
+
+
+def perf_record(pids: dict[str, int], seconds: float, out_dir: Path) -> dict[str, subprocess.Popen[bytes]]:
+    """Start `perf record` on each process for `seconds` (all its threads, user and kernel, no call graphs)."""
+    exe = shutil.which("perf")
+    if exe is None:
+        raise SystemExit("--perf needs Linux perf (apt: linux-perf)")
+    procs = {}
+    for name, pid in pids.items():
+        cmd = [exe, "record", "-q", "-F", str(PERF_HZ), "-p", str(pid), "-o", str(out_dir / f"{name}.perf.data")]
+        procs[name] = subprocess.Popen(
+            [*cmd, "--", "sleep", str(max(1, round(seconds)))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+    return procs
+
+
+def perf_counts(report: str) -> Counter[str]:
+    """`perf report --sort dso -n -t ';'` output (share; samples; library) -> samples by library group."""
+    counts: Counter[str] = Counter()
+    for line in report.splitlines():
+        fields = line.split(";")
+        if line.startswith("#") or len(fields) != 3 or not fields[1].strip().isdigit():
+            continue
+        counts[library(fields[2].strip())] += int(fields[1])
+    return counts
+
+
+def perf_by_library(files: dict[str, Path]) -> dict[str, dict[str, float]]:
+    """Per role, the share of its processes' perf samples by library group (a role's processes pooled: a peer's
+    launcher and its server are one role). A file perf left empty or missing counts nothing."""
+    pooled: dict[str, Counter[str]] = defaultdict(Counter)
+    for name, data in files.items():
+        if data.is_file():
+            cmd = ["perf", "report", "-i", str(data), "--no-children", "--sort", "dso", "--stdio", "-g", "none"]
+            done = subprocess.run([*cmd, "-n", "-t", ";"], capture_output=True, text=True, timeout=120, check=False)
+            pooled[name.split("#")[0]] += perf_counts(done.stdout)
+    return {r: {g: round(n / total, 3) for g, n in c.most_common()} for r, c in pooled.items() if (total := c.total())}
+
+
 PACKAGES = (  # (pattern on a frame's file, its group), the first match names it
     (r"[(/]app/", "app (ours)"),
     (r"[(/]ray/serve/", "Ray Serve"),
@@ -145,15 +209,24 @@ def hottest(raw: Path, n: int = 12) -> list[tuple[str, float]]:
     return [(f, round(c / total, 3)) for f, c in counts.most_common(n)] if total else []
 
 
-def measure(t: Target, name: str, concurrency: int, seconds: float, spy_dir: Path | None) -> Any:
+PERFED = ("the started process", "tritonserver", "Triton Python stubs", "HAProxy")  # beside the replicas, with --perf
+
+
+def measure(
+    t: Target, name: str, concurrency: int, seconds: float, spy_dir: Path | None, perf_dir: Path | None = None
+) -> Any:
     def steps(t: Target, plan: dict[str, Any], server: ServerProcess) -> list[dict[str, Any]]:
         server.snapshot_family()
         replicas: dict[str, int] = {}
+        others: dict[str, int] = {}  # a peer's processes, HAProxy: sampled by perf only
         for pid in sorted(server.family):
             p = _proc(pid)
-            if p is not None and p.cmdline() and p.cmdline()[0].startswith("ray::ServeReplica:"):
-                who = role(p.cmdline())  # not `name`: that is the workload's
-                replicas[f"{who}#{pid}" if who in replicas else who] = pid  # a second replica of one deployment
+            if p is None or not p.cmdline():
+                continue
+            who = role(p.cmdline())  # not `name`: that is the workload's
+            into = replicas if p.cmdline()[0].startswith("ray::ServeReplica:") else others
+            if into is replicas or who.startswith(PERFED):
+                into[f"{who}#{pid}" if who in into else who] = pid  # a second process of one role
         wl = workload(t, name, "fp32", plan["timeout_s"])
         before: dict[str, float] = {}
         spies: dict[str, subprocess.Popen[bytes]] = {}
@@ -165,12 +238,16 @@ def measure(t: Target, name: str, concurrency: int, seconds: float, spy_dir: Pat
                 before = now
                 if spy_dir is not None:
                     spies = py_spy(replicas, seconds, spy_dir)
+                if perf_dir is not None:
+                    spies |= {f"perf:{k}": v for k, v in perf_record(replicas | others, seconds, perf_dir).items()}
             return sum(now.values())
 
         step = wrk_step(wl, concurrency, seconds, plan["warmup_s"], cpu)
         after = cpu_by_role(server.family)
         for p in spies.values():
             p.wait(timeout=60)
+        if perf_dir is not None:
+            step["perf_by_library"] = perf_by_library({r: perf_dir / f"{r}.perf.data" for r in replicas | others})
         images = step["images_per_s"] * step["window_s"]
         step["cpu_ms_per_image_by_role"] = {
             r: round((after[r] - before.get(r, 0.0)) * 1000 / images, 2) for r in sorted(after) if images
@@ -209,7 +286,42 @@ def to_markdown(result: dict[str, Any]) -> str:
     ]
     env = " ".join(f"{k}={v}" for k, v in result.get("env", {}).items())
     head = f"# CPU ms per image by process, {result['workload']} at c={result['concurrency']} {env}\n\n"
-    return head + markdown_table(["process", *names], [tput, *table]) + "\n" + spy_markdown(result)
+    tables = markdown_table(["process", *names], [tput, *table])
+    return head + tables + "\n" + spy_markdown(result) + perf_markdown(result)
+
+
+def perf_markdown(result: dict[str, Any]) -> str:
+    """Per process sampled by perf: its CPU ms per image by library (its role's CPU times perf's shares)."""
+    out = []
+    groups = [name for _, name in LIBRARIES] + ["other native code"]
+    for t in result["targets"]:
+        step = (t.get("steps") or [{}])[0]
+        ms = step.get("cpu_ms_per_image_by_role") or {}
+        rows = [
+            [r, ms[r], *(round(ms[r] * shares.get(g, 0.0), 2) for g in groups)]
+            for r, shares in (step.get("perf_by_library") or {}).items()
+            if ms.get(r, 0.0) >= 0.5
+        ]
+        if rows:
+            out.append(
+                f"\n## {t['name']}: each busy process's CPU ms per image by library (perf, every thread)\n\n"
+                + markdown_table(["process", "all", *groups], rows)
+                + "\n"
+                + work_and_path(ms, step["perf_by_library"])
+            )
+    return "".join(out)
+
+
+def work_and_path(ms: dict[str, float], shares: dict[str, dict[str, float]]) -> str:
+    """The target's CPU per image split into the work (the engine and OpenCV, wherever they ran) and the rest: the
+    serving path (a process perf did not sample counts whole as serving path)."""
+    total = sum(ms.values())
+    work = {g: sum(ms.get(r, 0.0) * s.get(g, 0.0) for r, s in shares.items()) for g in ("engine", "OpenCV")}
+    path = total - sum(work.values())
+    return (
+        f"\nAll processes: {total:.2f} CPU-ms per image: the engine {work['engine']:.2f}, OpenCV {work['OpenCV']:.2f}, "
+        f"**the serving path {path:.2f}** (everything else, every process).\n"
+    )
 
 
 def spy_markdown(result: dict[str, Any]) -> str:
@@ -273,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--duration", type=float, default=10.0, help="measured seconds")
     ap.add_argument("--py-spy", action="store_true", help="also sample each Serve replica with py-spy")
+    ap.add_argument("--perf", action="store_true", help="also sample each busy process with Linux perf, by library")
     ap.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     ap.add_argument(
         "--env", action="append", default=[], metavar="KEY=VALUE", help="set for the targets (beyond serve.env)"
@@ -289,7 +402,9 @@ def main(argv: list[str] | None = None) -> int:
         if spy_root is not None:
             spy_dir = spy_root / key
             spy_dir.mkdir(parents=True, exist_ok=True)
-        targets.append(measure(by_key[key], args.workload, args.concurrency, args.duration, spy_dir))
+        with tempfile.TemporaryDirectory(prefix="where-perf-") as perf_tmp:  # perf's files are large: not kept
+            perf_dir = Path(perf_tmp) if args.perf else None
+            targets.append(measure(by_key[key], args.workload, args.concurrency, args.duration, spy_dir, perf_dir))
     result = {"workload": args.workload, "concurrency": args.concurrency, "env": env, "targets": targets}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     md = to_markdown(result)

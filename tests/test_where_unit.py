@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.where import by_package, package, role, to_markdown
+from benchmarks.where import by_package, library, package, perf_counts, role, to_markdown
 
 
 def test_processes_are_named_by_their_role() -> None:
@@ -44,3 +44,36 @@ def test_the_markdown_has_every_role_a_total_and_the_spied_replicas() -> None:
     md = to_markdown(result)
     assert "| Router | 3.0 |" in md and "| **all** | 3.5 |" in md and "| images/s | 50.0 |" in md
     assert "| Router | 40 | 50% |" in md and "ABLedger | 2" not in md  # too few samples to say anything
+
+
+def test_perf_samples_are_shared_out_by_library() -> None:
+    assert library("onnxruntime_pybind11_state.cpython-311-x86_64-linux-gnu.so") == "engine"
+    assert library("cv2.abi3.so") == "OpenCV"
+    assert library("libpython3.11.so.1.0") == library("python3.11") == "Python interpreter"
+    assert library("loop.cpython-311-x86_64-linux-gnu.so") == "other Python extensions"
+    assert library("cygrpc.cpython-311-x86_64-linux-gnu.so") == "gRPC"
+    assert library("[kernel.kallsyms]") == "kernel" and library("libc.so.6") == "libc"
+    assert library("libstdc++.so.6.0.30") == "other native code"
+    report = (
+        "# Samples: 1K\n#\n 74.39% ; 787 ;cv2.abi3.so   \n 11.72% ; 124 ;libpython3.11.so.1.0\n"
+        " 6.71%  ; 71  ;libc.so.6\n 0.50%  ; 5   ;python3.11\n not a row\n"
+    )
+    assert perf_counts(report) == {"OpenCV": 787, "Python interpreter": 129, "libc": 71}
+
+
+def test_the_markdown_turns_perfs_shares_into_ms_per_image() -> None:
+    step = {
+        "images_per_s": 50.0,
+        "cpu_ms_per_image_by_role": {"Router": 4.0, "Classifier_fp32": 13.0, "HAProxy": 0.1},
+        "perf_by_library": {
+            "Router": {"OpenCV": 0.75, "Python interpreter": 0.25},
+            "Classifier_fp32": {"engine": 1.0},
+            "HAProxy": {"libc": 1.0},  # under half a millisecond per image: not worth a row
+        },
+    }
+    result = {"workload": "v2", "concurrency": 32, "env": {}, "targets": [{"name": "app", "steps": [step]}]}
+    md = to_markdown(result)
+    assert "| Router | 4.0 | 0.0 | 3.0 | 0.0 | 0.0 | 0.0 | 1.0 |" in md
+    assert "| Classifier_fp32 | 13.0 | 13.0 |" in md and "| HAProxy | 0.1 |" in md.split("by library")[0]
+    assert "| HAProxy | 0.1 | 0.0" not in md
+    assert "All processes: 17.10 CPU-ms per image: the engine 13.00, OpenCV 3.00, **the serving path 1.10**" in md
