@@ -117,9 +117,7 @@ def library(dso: str) -> str:
 
 def perf_record(pids: dict[str, int], seconds: float, out_dir: Path) -> dict[str, subprocess.Popen[bytes]]:
     """Start `perf record` on each process for `seconds` (all its threads, user and kernel, no call graphs)."""
-    exe = shutil.which("perf")
-    if exe is None:
-        raise SystemExit("--perf needs Linux perf (apt: linux-perf)")
+    exe = shutil.which("perf") or "perf"  # main() checked that it is there
     procs = {}
     for name, pid in pids.items():
         cmd = [exe, "record", "-q", "-F", str(PERF_HZ), "-p", str(pid), "-o", str(out_dir / f"{name}.perf.data")]
@@ -391,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         "--env", action="append", default=[], metavar="KEY=VALUE", help="set for the targets (beyond serve.env)"
     )
     args = ap.parse_args(argv)
+    if args.perf and shutil.which("perf") is None:  # before any target starts, not in the middle of a step
+        ap.error("--perf needs Linux perf (apt: linux-perf)")
     env = dict(kv.split("=", 1) for kv in args.env)
     os.environ.update(env)  # every target's processes inherit it; configs/serve.env's own keys still win
     by_key = {t.key: t for t in TARGETS}

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.where import by_package, library, package, perf_counts, role, to_markdown
+import pytest
+
+from benchmarks.where import by_package, library, main, package, perf_counts, role, to_markdown
 
 
 def test_processes_are_named_by_their_role() -> None:
@@ -77,3 +79,10 @@ def test_the_markdown_turns_perfs_shares_into_ms_per_image() -> None:
     assert "| Classifier_fp32 | 13.0 | 13.0 |" in md and "| HAProxy | 0.1 |" in md.split("by library")[0]
     assert "| HAProxy | 0.1 | 0.0" not in md
     assert "All processes: 17.10 CPU-ms per image: the engine 13.00, OpenCV 3.00, **the serving path 1.10**" in md
+
+
+def test_perf_missing_is_refused_before_any_target_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("benchmarks.where.shutil.which", lambda name: None)
+    with pytest.raises(SystemExit) as e:
+        main(["--targets", "app_ortcpu", "--perf"])
+    assert e.value.code == 2  # argparse's usage error: nothing was started
