@@ -74,7 +74,7 @@ class Target:
 
     @property
     def with_front(self) -> bool:
-        return self.front and self.key.startswith("app")
+        return self.front and self.runs in APP_CONFIGS  # a config of this app, not a peer
 
     @property
     def url(self) -> str:

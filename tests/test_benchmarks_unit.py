@@ -607,3 +607,12 @@ def test_int8_kernels_times_top1_per_image_and_renders_every_row(tmp_path: Path)
     assert "| shipped (pair-limited) | ORT fused | 0.917 | 70.0 | 1.40x |" in md
     assert "| as calibrated | ORT fused | 0.778 | 71.0 | 1.42x |" in md and "'as calibrated': 34" in md
     assert plot(result, tmp_path / "k.png").stat().st_size > 0
+
+
+def test_every_config_of_this_app_runs_behind_the_front_and_no_peer_does() -> None:
+    from benchmarks import overload, run
+
+    targets = {t.key: t for t in [*run.TARGETS, *overload.TARGETS.values()]}
+    assert targets["nobatch"].with_front and targets["app_ortcpu"].with_front and targets["app_split"].with_front
+    assert not targets["app_router"].with_front  # the one without it, by choice
+    assert not any(targets[k].with_front for k in ("fastapi", "echo", "single", "triton", "litserve"))
