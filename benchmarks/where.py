@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,19 +79,24 @@ def cpu_by_role(pids: dict[int, float]) -> dict[str, float]:
     return dict(out)
 
 
-def py_spy(pids: dict[str, int], seconds: float, out_dir: Path) -> dict[str, subprocess.Popen[bytes]]:
+Sampler = dict[str, subprocess.Popen[bytes]]  # per process sampled (its name): the sampler running on it
+
+
+def sample_each(pids: dict[str, int], command: Callable[[str, int], list[str]]) -> Sampler:
+    """Start `command(name, pid)` for each process, its output silenced (the samplers write files)."""
+    return {
+        name: subprocess.Popen(command(name, pid), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for name, pid in pids.items()
+    }
+
+
+def py_spy(pids: dict[str, int], seconds: float, out_dir: Path) -> Sampler:
     """Start `py-spy record` on each replica for `seconds`: only samples of a thread holding the GIL (Python running;
-    a thread waiting in C, or running C that released the GIL (ONNX Runtime, OpenCV, gRPC's core), is not sampled)."""
+    a thread waiting in C, or running C that released the GIL (ONNX Runtime, OpenCV, gRPC's core), is not sampled).
+    Collapsed stacks: any flame graph tool draws them."""
     exe = shutil.which("py-spy") or str(Path(PY).parent / "py-spy")
-    procs = {}
-    for name, pid in pids.items():
-        cmd = [exe, "record", "-p", str(pid), "-d", str(max(1, round(seconds))), "-r", "100", "--gil", "-f", "raw"]
-        procs[name] = subprocess.Popen(  # collapsed stacks: any flame graph tool draws them
-            [*cmd, "-o", str(out_dir / f"{name}.txt"), "--nonblocking"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-    return procs
+    args = ["record", "-d", str(max(1, round(seconds))), "-r", "100", "--gil", "-f", "raw", "--nonblocking"]
+    return sample_each(pids, lambda name, pid: [exe, *args, "-p", str(pid), "-o", str(out_dir / f"{name}.txt")])
 
 
 LIBRARIES = (  # (pattern on a shared object's name, its group), the first match names it
@@ -115,16 +120,13 @@ def library(dso: str) -> str:
     return "other native code"
 
 
-def perf_record(pids: dict[str, int], seconds: float, out_dir: Path) -> dict[str, subprocess.Popen[bytes]]:
+def perf_record(pids: dict[str, int], seconds: float, out_dir: Path) -> Sampler:
     """Start `perf record` on each process for `seconds` (all its threads, user and kernel, no call graphs)."""
     exe = shutil.which("perf") or "perf"  # main() checked that it is there
-    procs = {}
-    for name, pid in pids.items():
-        cmd = [exe, "record", "-q", "-F", str(PERF_HZ), "-p", str(pid), "-o", str(out_dir / f"{name}.perf.data")]
-        procs[name] = subprocess.Popen(
-            [*cmd, "--", "sleep", str(max(1, round(seconds)))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-    return procs
+    args, until = ["record", "-q", "-F", str(PERF_HZ)], ["--", "sleep", str(max(1, round(seconds)))]
+    return sample_each(
+        pids, lambda name, pid: [exe, *args, "-p", str(pid), "-o", str(out_dir / f"{name}.perf.data"), *until]
+    )
 
 
 def perf_counts(report: str) -> Counter[str]:
@@ -227,7 +229,7 @@ def measure(
                 into[f"{who}#{pid}" if who in into else who] = pid  # a second process of one role
         wl = workload(t, name, "fp32", plan["timeout_s"])
         before: dict[str, float] = {}
-        spies: dict[str, subprocess.Popen[bytes]] = {}
+        spies: Sampler = {}
 
         def cpu() -> float:  # called by wrk_step just before and just after the measured run
             nonlocal before, spies
