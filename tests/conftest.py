@@ -36,6 +36,7 @@ def model_files() -> ModelFiles:
 
 import copy  # noqa: E402
 import os  # noqa: E402
+import socket  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from typing import Any  # noqa: E402
@@ -73,6 +74,13 @@ def local_config(model_files: ModelFiles, **router_overrides: Any) -> dict[str, 
 
 def deployment(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     return next(d for d in cfg["applications"][0]["deployments"] if d["name"] == name)
+
+
+def free_port() -> int:
+    """A TCP port nothing on 127.0.0.1 listens on right now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float = 0.2, what: str = "") -> Any:

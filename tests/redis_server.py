@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import wait_until
+from tests.conftest import free_port, wait_until
 
 
 @dataclass(frozen=True)
@@ -44,18 +44,12 @@ class Redis:
         return int(self.ask("DBSIZE")[1].lstrip(b":"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def redis_server(workdir: Path) -> Iterator[Redis]:
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("`redis-server` not found: install Debian's redis-server (apt-get install redis-server)")
-    port, password = _free_port(), secrets.token_hex(16)
+    port, password = free_port(), secrets.token_hex(16)
     workdir.mkdir(parents=True, exist_ok=True)
     args = ["--port", str(port), "--bind", "127.0.0.1", "--requirepass", password, "--dir", str(workdir)]
     args += ["--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", str(workdir / "redis.log")]

@@ -11,7 +11,6 @@ import http.server
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from app.front import (
     real_haproxy,
     rewrite,
 )
-from tests.conftest import REPO, wait_until
+from tests.conftest import REPO, free_port, wait_until
 
 
 def serve_config(tmp: Path, port: int, replica_port: int, replicas: int = 1, other_app: bool = False) -> str:
@@ -71,12 +70,6 @@ def serve_config(tmp: Path, port: int, replica_port: int, replicas: int = 1, oth
     api = HAProxyApi(cfg, backends, config_file_path=str(tmp / "haproxy.cfg"))
     api._generate_config_file_internal()
     return (tmp / "haproxy.cfg").read_text()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def section(config: str, header: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,14 +16,12 @@ import pytest
 from app.models import ModelFiles
 from benchmarks.corpus import CorpusImage, build_corpus
 from benchmarks.load import multipart_body
-from tests.conftest import REPO, wait_until
+from tests.conftest import REPO, free_port, wait_until
 
 
 @pytest.fixture(scope="module")
 def peer(model_files: ModelFiles) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "benchmarks.baselines.litserve_peer", "--port", str(port), "--device", "cpu"]
     cmd += ["--workers", "1"]  # two inference processes, not four: a quicker start
     env = {**os.environ, "APP_MODEL_DIR": str(model_files.root)}
