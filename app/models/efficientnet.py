@@ -1,14 +1,18 @@
-"""EfficientNet-Lite0 as an ONNX graph, written with onnx.helper from a numpy state dict.
+"""EfficientNet-Lite as an ONNX graph, written with onnx.helper from a numpy state dict.
 
-The graph takes `image`: uint8 [N, 224, 224, 3] RGB and returns `logits`:
-float32 [N, 1000]. Normalisation ((x - 127) / 128) and the NHWC -> NCHW
+The built-in model (Lite0) takes `image`: uint8 [N, 224, 224, 3] RGB and returns
+`logits`: float32 [N, 1000]. Normalisation ((x - 127) / 128) and the NHWC -> NCHW
 transpose live inside the graph, so clients and the Preprocessor ship uint8.
-BatchNorm is folded into the convolutions; padding reproduces TensorFlow's
-"SAME" (the odd pixel goes after), because the weights were trained in TF.
+`Input.FLOAT_NCHW` writes the graph as a PyTorch user exports it instead: `input`
+float32 [N, 3, S, S], normalisation left to whoever feeds it (the tests' second
+model, Lite1 at 240 px). BatchNorm is folded into the convolutions; padding
+reproduces TensorFlow's "SAME" (the odd pixel goes after), because the weights
+were trained in TF.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,7 +42,7 @@ class Stage:
 
 
 # (repeats, kernel, stride, expand, out) of EfficientNet-Lite0; no squeeze-excite.
-STAGES = (
+STAGES: tuple[Stage, ...] = (
     Stage(1, 3, 1, 1, 16),
     Stage(2, 3, 2, 6, 24),
     Stage(2, 5, 2, 6, 40),
@@ -47,6 +51,32 @@ STAGES = (
     Stage(4, 5, 2, 6, 192),
     Stage(1, 3, 1, 6, 320),
 )
+
+
+@dataclass(frozen=True)
+class Lite:
+    """One member of the family: Lite1-4 repeat Lite0's stages more (depth) at a larger input; Lite keeps the
+    stem, the head and the first and last stages as they are (TF's efficientnet_lite_builder, fix_head_stem)."""
+
+    name: str
+    input_size: int
+    depth: float
+
+    def stages(self) -> tuple[Stage, ...]:
+        last = len(STAGES) - 1
+        return tuple(
+            s if i in (0, last) else Stage(math.ceil(self.depth * s.repeats), s.kernel, s.stride, s.expand, s.out_channels)
+            for i, s in enumerate(STAGES)
+        )
+
+
+LITE0 = Lite("efficientnet_lite0", 224, 1.0)
+LITE1 = Lite("efficientnet_lite1", 240, 1.1)
+
+
+class Input(enum.Enum):
+    UINT8_NHWC = "uint8_nhwc"  # `image` uint8 [N, S, S, 3] RGB, (x - 127) / 128 inside the graph (the built-in)
+    FLOAT_NCHW = "float_nchw"  # `input` float32 [N, 3, S, S], already normalised by the caller (a PyTorch export)
 
 
 def same_pads(size: int, kernel: int, stride: int) -> tuple[int, int]:
@@ -64,11 +94,11 @@ def fold_batchnorm(weight: np.ndarray, sd: Mapping[str, np.ndarray], bn: str) ->
 
 
 class _GraphWriter:
-    def __init__(self, sd: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, sd: Mapping[str, np.ndarray], size: int) -> None:
         self.sd = sd
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
-        self.size = INPUT_SIZE  # spatial size of the current activation
+        self.size = size  # spatial size of the current activation
 
     def const(self, name: str, value: np.ndarray) -> str:
         self.inits.append(numpy_helper.from_array(np.asarray(value), name))
@@ -109,37 +139,46 @@ class _GraphWriter:
         return h
 
 
-def build_model(sd: Mapping[str, np.ndarray]) -> onnx.ModelProto:
-    """Write the EfficientNet-Lite0 graph for the weights in `sd` (lukemelas naming)."""
-    g = _GraphWriter(sd)
+def build_model(sd: Mapping[str, np.ndarray], lite: Lite = LITE0, inputs: Input = Input.UINT8_NHWC) -> onnx.ModelProto:
+    """Write the EfficientNet-Lite graph for the weights in `sd` (lukemelas naming)."""
+    g = _GraphWriter(sd, lite.input_size)
     g.const("relu6.min", np.array(0.0, np.float32))
     g.const("relu6.max", np.array(6.0, np.float32))
-    x = g.node("Cast", ["image"], "image.f32", to=TensorProto.FLOAT)
-    x = g.node("Sub", [x, g.const("norm.mean", np.array(127.0, np.float32))], "image.centred")
-    x = g.node("Mul", [x, g.const("norm.scale", np.array(1 / 128, np.float32))], "image.scaled")
-    x = g.node("Transpose", [x], "image.nchw", perm=[0, 3, 1, 2])
+    s = lite.input_size
+    dims: list[str | int]
+    if inputs is Input.UINT8_NHWC:
+        name, elem, dims = "image", TensorProto.UINT8, ["N", s, s, 3]
+        x = g.node("Cast", [name], "image.f32", to=TensorProto.FLOAT)
+        x = g.node("Sub", [x, g.const("norm.mean", np.array(127.0, np.float32))], "image.centred")
+        x = g.node("Mul", [x, g.const("norm.scale", np.array(1 / 128, np.float32))], "image.scaled")
+        x = g.node("Transpose", [x], "image.nchw", perm=[0, 3, 1, 2])
+        doc = "input uint8 NHWC RGB, normalisation in graph"
+    else:
+        name, elem, dims = "input", TensorProto.FLOAT, ["N", 3, s, s]
+        x = name
+        doc = "input float32 NCHW RGB, normalised outside the graph ((x - 127) / 128)"
     x = g.conv_bn(x, "_conv_stem", "_bn0", 2, 1, relu6=True)
     index, in_ch = 0, STEM_CHANNELS
-    for stage in STAGES:
+    for stage in lite.stages():
         for r in range(stage.repeats):
             x = g.mbconv(x, index, stage, stage.stride if r == 0 else 1, in_ch)
             index, in_ch = index + 1, stage.out_channels
     if f"_blocks.{index}._project_conv.weight" in sd:
-        raise ValueError(f"state dict has more than {index} blocks: not EfficientNet-Lite0")
+        raise ValueError(f"state dict has more than {index} blocks: not {lite.name}")
     x = g.conv_bn(x, "_conv_head", "_bn1", 1, 1, relu6=True)
     x = g.node("GlobalAveragePool", [x], "pool")
     x = g.node("Flatten", [x], "features", axis=1)
     g.node("Gemm", [x, g.const("_fc.w", sd["_fc.weight"]), g.const("_fc.b", sd["_fc.bias"])], "logits", transB=1)
     graph = helper.make_graph(
         g.nodes,
-        "efficientnet_lite0",
-        [helper.make_tensor_value_info("image", TensorProto.UINT8, ["N", INPUT_SIZE, INPUT_SIZE, 3])],
+        lite.name,
+        [helper.make_tensor_value_info(name, elem, dims)],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", NUM_CLASSES])],
         g.inits,
     )
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="app.models", ir_version=IR_VERSION
     )
-    model.doc_string = "EfficientNet-Lite0, ImageNet weights; input uint8 NHWC RGB, normalisation in graph"
+    model.doc_string = f"{lite.name}, ImageNet weights; {doc}"
     onnx.checker.check_model(model, full_check=True)
     return model
