@@ -16,11 +16,12 @@ import ray
 from ray import serve
 
 from app.config import AppArgs, ClassifierConfig
-from app.errors import ServiceError
 from app.metrics import ClassifierMetrics
+from app.model_io import ModelIO, model_io
+from app.models.prologue import served_model
 from app.payloads import Pixels, Scores
 from app.profiling_twin import ProfilingTwin
-from app.runtime import CUDA, TENSORRT, ModelLoadError, Opened, open_engine, softmax, threads_for, top_k
+from app.runtime import CUDA, TENSORRT, ModelLoadError, Opened, open_engine, threads_for, top_k
 from app.runtime.startup import StartupReport, run_speed_gate, start_report
 from app.serve_internals import max_ongoing_requests, replica_id
 
@@ -56,7 +57,11 @@ class Classifier:
     def __init__(self, variant: str, args: dict[str, Any]) -> None:
         self.variant = variant
         self.args = AppArgs.model_validate(args)
-        self.model_path = str(self.args.resolved_path(self.args.variants[variant].model_path))
+        path = self.args.resolved_path(self.args.variants[variant].model_path)
+        # The graph as declared (args.model): checked against the declaration, its normalisation folded in. Raised
+        # here, a contradiction fails the replica naming the field (`serve status` shows it).
+        self.io: ModelIO = model_io(self.args.model, path, f"Classifier_{variant}: variants.{variant}.model_path")
+        self.model_path = str(self.io.served.path)
         resources = ray.get_runtime_context().get_assigned_resources()
         self.num_cpus = float(resources.get("CPU", 1.0))
         self.gpu = bool(ray.get_gpu_ids())
@@ -69,7 +74,7 @@ class Classifier:
         self._executor: ThreadPoolExecutor | None = None
         self._warmed_to = 0
         self._profile: ProfilingTwin | None = None
-        self.metrics = ClassifierMetrics()
+        self.metrics = ClassifierMetrics(self.args.model.name)
 
     @property
     def engine(self) -> Any:
@@ -177,6 +182,7 @@ class Classifier:
         gate = self.args.speed_gate_for(self.variant, self.gpu, self.threads, streams, self.engine.name)
         if gate is not None:
             spec, path, opts = gate
+            path = str(served_model(path, self.args.model.preprocess).path)  # as that variant serves it
             report.gate = run_speed_gate(self.variant, self.engine, spec, path, opts, cfg.max_batch_size, streams)
         self.metrics.record_start(self.variant, report)
         if report.gate is not None and not report.gate.passed and report.gate.action == "fail":
@@ -192,14 +198,14 @@ class Classifier:
         """
         assert self._batch is not None and self.cfg is not None, "reconfigure runs before any request"
         arrived = time.perf_counter()
-        array = self._check_pixels(pixels.array)
+        array = self.io.checked(pixels.array)
         if rows is not None:
             array = array[rows]
         step = self.cfg.max_batch_size
         chunks = [array[i : i + step] for i in range(0, len(array), step)] if len(array) else []
         done = await asyncio.gather(*(self._batch(_Item(c, arrived)) for c in chunks))
         logits = done[0].logits if len(done) == 1 else np.concatenate([d.logits for d in done]) if done else None
-        best = [top_k(row, top) for row in softmax(logits)] if logits is not None else []
+        best = [top_k(row, top) for row in self.io.probabilities(logits)] if logits is not None else []
         return Scores(
             top=best,
             preprocess_ms=pixels.preprocess_ms,
@@ -212,16 +218,6 @@ class Classifier:
             positions=pixels.positions,
             logits=logits if full else None,
         )
-
-    def _check_pixels(self, array: np.ndarray) -> np.ndarray:
-        spec = self.engine.spec
-        want = (spec.height, spec.width, 3)
-        if array.ndim != 4 or tuple(array.shape[1:]) != want or array.dtype != np.uint8:
-            raise ServiceError(
-                "invalid_parameter",
-                f"pixels must be uint8 [N, {want[0]}, {want[1]}, 3], got {array.dtype} {array.shape}",
-            )
-        return array
 
     async def _run_batch(self, items: list[_Item]) -> list[_Done]:
         started = time.perf_counter()
@@ -255,7 +251,8 @@ class Classifier:
         plan = self.opened.plan if self.opened is not None else None
         return {
             "variant": self.variant,
-            "model_file": self.model_path,
+            "model": self.args.model.name,
+            "model_file": str(self.io.served.source),
             "precision": self.args.variants[self.variant].precision,
             **engine,
             "on_gpu": engine["execution_provider"] in (CUDA, TENSORRT),
@@ -272,10 +269,14 @@ class Classifier:
             },
             "warmed_up_to": self._warmed_to,
             "profiling": self._profile.state() if self._profile is not None else None,
-            "input": self.engine.spec.describe(),
+            "input": self.io.describe(self.args.model),
             "replica_id": self.replica_id,
             "node_id": ray.get_runtime_context().get_node_id(),
         }
+
+    def labels(self) -> list[str]:
+        """One label per class (the declaration's file, ImageNet-1k's for 1000 classes, else class_<i>)."""
+        return self.io.labels
 
     def ready(self) -> bool:
         return (

@@ -15,13 +15,15 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.models import MODEL_NAME, default_files
+from app.declaration import ModelDeclaration
+from app.models import BUILTIN_MODEL, default_files, is_builtin_file
 
 if TYPE_CHECKING:
+    from app.graph import GraphIO
     from app.runtime.measure import SpeedGate
     from app.runtime.plan import RuntimeOptions
 
@@ -197,7 +199,10 @@ CASCADE_NAME = re.compile(r"^[A-Za-z0-9_-]+>[A-Za-z0-9_-]+$")  # int8>fp32; two 
 class AppArgs(_Strict):
     """Arguments of `app.main:build_app` (the `args:` block of a Serve config)."""
 
-    model_name: str = Field(MODEL_NAME, description="name reported to clients")
+    model: ModelDeclaration = Field(
+        description="the model every variant is a build of: its name, labels, output and preprocessing (README "
+        '"Serve your own model"); omitted, the built-in model\'s, when every variant is a built-in file'
+    )
     variants: dict[str, VariantArgs] = Field(
         default_factory=lambda: {
             "int8": VariantArgs(
@@ -207,7 +212,6 @@ class AppArgs(_Strict):
         },
         description="variant name -> model; each becomes deployment Classifier_<name>",
     )
-    labels_path: str | None = Field(None, description="one label per line; default: the built-in ImageNet labels")
     build_default_models: bool = Field(
         True, description="build the built-in EfficientNet-Lite0 files if they are missing (local use)"
     )
@@ -236,6 +240,29 @@ class AppArgs(_Strict):
     )
     tensorrt: TensorRTArgs = Field(default_factory=TensorRTArgs)
     speed_gate: SpeedGateArgs | None = Field(None, description="refuse or flag variants not faster than a baseline")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _declared(cls, data: Any) -> Any:
+        """The built-in model's declaration when every variant is one of its files; otherwise `model` is required."""
+        if not isinstance(data, dict):
+            return data
+        for old, new in (("model_name", "model.name"), ("labels_path", "model.labels_path")):
+            if old in data:
+                raise ValueError(f'{old} is now {new}: the model declaration (README "Serve your own model")')
+        if "model" in data:
+            return data
+        variants = data.get("variants") or {}
+        paths = [
+            v.get("model_path") if isinstance(v, dict) else getattr(v, "model_path", None) for v in variants.values()
+        ]
+        own = [p for p in paths if not isinstance(p, str) or not is_builtin_file(p)]
+        if own:
+            raise ValueError(
+                f"model: required for a variant that is not the built-in model ({own[0]}): its name, and how its "
+                'images are prepared (model.preprocess), are part of the model (README "Serve your own model")'
+            )
+        return {**data, "model": BUILTIN_MODEL}
 
     @model_validator(mode="after")
     def _gate_baseline_known(self) -> AppArgs:
@@ -347,9 +374,41 @@ class AppArgs(_Strict):
             )
         return problems
 
+    def check_graphs(self) -> list[Path]:
+        """The declaration against the graph of each variant whose file is on this machine, and the variants against
+        each other (one model: one input, one set of classes); ValueError naming the field. The files checked."""
+        from app.graph import GraphError, read_graph
+
+        checked: list[Path] = []
+        first: tuple[str, GraphIO] | None = None
+        labels = self.model.label_count()
+        for name, v in sorted(self.variants.items()):
+            path = self.resolved_path(v.model_path)
+            if not path.is_file():
+                continue
+            where = f"variants.{name}.model_path: {path}"
+            try:
+                graph = read_graph(path)
+            except GraphError as e:
+                raise ValueError(f"{where}: {e}") from None
+            self.model.check_against(graph, labels, where)
+            if first is not None and _io(graph) != _io(first[1]):
+                raise ValueError(
+                    f"{where}: its graph takes {graph.describe_input()} with {graph.classes} classes, "
+                    f"variants.{first[0]}'s {first[1].describe_input()} with {first[1].classes}: the variants of one "
+                    "model share its declaration, so they must take the same input and give the same classes"
+                )
+            first = first or (name, graph)
+            checked.append(path)
+        return checked
+
     def is_default_model(self, path: Path) -> bool:
         files = default_files(path.parent)
         return path in (files.fp32, files.int8, files.int8_trt)
+
+
+def _io(graph: GraphIO) -> tuple[object, ...]:
+    return (graph.input_shape[1:], graph.dtype, graph.layout, graph.classes)
 
 
 class RouterConfig(_Strict):
@@ -679,8 +738,11 @@ def main(argv: list[str] | None = None) -> int:
         with open(path) as f:
             cfg = yaml.safe_load(f)
         try:
-            validate_serve_config(cfg)
-            print(f"{path}: ok")
+            checked = validate_serve_config(cfg).check_graphs()
+            if checked:
+                print(f"{path}: ok (the model declaration checked against {', '.join(map(str, checked))})")
+            else:
+                print(f"{path}: ok (no model file here: each Classifier checks the declaration against its graph)")
         except ValueError as e:
             print(f"{path}: {e}", file=sys.stderr)
             status = 1

@@ -130,14 +130,13 @@ class Router:
         classifiers: dict[str, DeploymentHandle],
         ledger: DeploymentHandle,
         args: dict[str, Any],
-        labels: list[str],
         controller: DeploymentHandle | None = None,
     ) -> None:
         parsed = AppArgs.model_validate(args)
         decoder = Decoder(parsed.limits) if preprocessor is None else None  # AppArgs.decode_in: router
         backend = ServeBackend(preprocessor, classifiers, ledger, controller, decoder)
         state = decoder.describe if decoder is not None else None
-        self.ingress = Ingress(parsed, backend, sorted(classifiers), labels, replica_id(), state)
+        self.ingress = Ingress(parsed, backend, sorted(classifiers), replica_id(), state)
         V1(self.ingress)
         RolloutAPI(self.ingress)
         Docs(self.ingress)

@@ -15,6 +15,7 @@ from app.payloads import Pixels
 from app.pipeline.ports import Call, ReplicaLost
 from app.preprocessor import Decoder
 from app.serve_internals import routable_replicas, running_replicas
+from app.transform import Transform
 
 _LOST = (RayActorError, DeploymentUnavailableError)
 
@@ -42,11 +43,11 @@ class ServeBackend:
         self.controller = controller
         self.decoder = decoder
 
-    def preprocess(self, images: list[bytes], size: int, wall_deadline: float) -> Call:
+    def preprocess(self, images: list[bytes], transform: Transform, wall_deadline: float) -> Call:
         if self.decoder is not None:  # a Task: awaitable and cancellable, like a DeploymentResponse
-            return asyncio.ensure_future(self.decoder.many(images, size, wall_deadline))
+            return asyncio.ensure_future(self.decoder.many(images, transform, wall_deadline))
         assert self.preprocessor is not None
-        return self.preprocessor.many.remote(images, size, wall_deadline)
+        return self.preprocessor.many.remote(images, transform, wall_deadline)
 
     def classify(self, variant: str, pixels: Call | Pixels, top_k: int, full: bool, rows: list[int] | None) -> Call:
         # A DeploymentResponse passed in is resolved by Serve: in the Classifier's process by reference, here (then
@@ -77,6 +78,9 @@ class ServeBackend:
 
     def describe(self, variant: str) -> Call:
         return self.classifiers[variant].describe.remote()
+
+    def labels(self, variant: str) -> Call:
+        return self.classifiers[variant].labels.remote()
 
     def ready(self, variant: str) -> Call:
         return self.classifiers[variant].ready.remote()

@@ -11,6 +11,7 @@ from ray.serve import Application
 
 from app.classifier import Classifier
 from app.config import AppArgs, classifier_deployment_name
+from app.declaration import ModelDeclaration
 from app.deployments import ABLedger, RolloutController, Router
 from app.models import ModelFiles
 from app.preprocessor import Preprocessor
@@ -29,15 +30,20 @@ def ensure_models(args: AppArgs) -> None:
     buildable = {name: p for name, p in missing.items() if args.build_default_models and args.is_default_model(p)}
     for root in {p.parent for p in buildable.values()}:
         files = ModelFiles(root)
-        build_default_models(files, tensorrt=files.int8_trt in buildable.values())
+        build_default_models(files, tensorrt=files.int8_trt in buildable.values(), model=args.model)
     still = {name: p for name, p in missing.items() if not p.is_file()}
     if still and args.check_model_files:
         name, path = next(iter(sorted(still.items())))
         raise ConfigError(f"variants.{name}.model_path: model file not found: {path}")
+    try:
+        args.check_graphs()  # the declaration against every graph here (a Classifier checks its own at start too)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
-def build_default_models(files: ModelFiles, tensorrt: bool = False) -> None:
-    """FP32 + INT8 (+ the TensorRT INT8 when a variant uses it), once, under a file lock (builders may race)."""
+def build_default_models(files: ModelFiles, tensorrt: bool = False, model: ModelDeclaration | None = None) -> None:
+    """FP32 + INT8 (+ the TensorRT INT8 when a variant uses it), once, under a file lock (builders may race); the
+    INT8 builds calibrated on images prepared as `model` declares (default: the built-in declaration)."""
     from app.models.build import build_fp32
     from app.models.quantize import QuantizeOptions, quantize
     from app.models.samples import augmented_samples
@@ -49,24 +55,10 @@ def build_default_models(files: ModelFiles, tensorrt: bool = False) -> None:
             logger.info("built %s", files.fp32)
         if not files.int8.is_file():
             logger.info("quantizing %s -> %s (first start only)", files.fp32, files.int8)
-            quantize(files.fp32, files.int8, augmented_samples(64, 0), QuantizeOptions())
+            quantize(files.fp32, files.int8, augmented_samples(64, 0), QuantizeOptions(), model)
         if tensorrt and not files.int8_trt.is_file():
             logger.info("quantizing %s -> %s for TensorRT (first start only)", files.fp32, files.int8_trt)
-            quantize(files.fp32, files.int8_trt, augmented_samples(64, 0), QuantizeOptions(target="tensorrt"))
-
-
-def load_labels(args: AppArgs) -> list[str]:
-    if args.labels_path:
-        path = args.resolved_path(args.labels_path)
-    else:
-        first = args.resolved_path(next(iter(args.variants.values())).model_path)
-        path = ModelFiles(first.parent).labels
-    if not path.is_file():
-        if args.labels_path and args.check_model_files:
-            raise ConfigError(f"labels_path: labels file not found: {path}")
-        logger.warning("no labels file at %s: predictions will carry class ids as labels", path)
-        return []
-    return path.read_text("utf-8").splitlines()
+            quantize(files.fp32, files.int8_trt, augmented_samples(64, 0), QuantizeOptions(target="tensorrt"), model)
 
 
 def build_app(args: AppArgs) -> Application:
@@ -91,6 +83,5 @@ def build_app(args: AppArgs) -> Application:
         classifiers,
         ledger,
         args.model_dump(),
-        load_labels(args),
         controller,
     )

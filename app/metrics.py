@@ -2,7 +2,8 @@
 # mypy: disable-error-code="arg-type"
 """The service's Prometheus metrics, through ray.serve.metrics (exported on Ray's metrics port).
 
-Serve adds `deployment`, `replica` and `application` tags to each. Bucket
+Serve adds `deployment`, `replica` and `application` tags to each, and each carries `model`, the declared
+model's name (`args.model.name`). Bucket
 boundaries are chosen for this workload and written down here:
 
 - latency (ms): 1 .. 10,000 in roughly 2x steps, denser between 5 and 200 ms where a
@@ -31,49 +32,69 @@ INPUT_BYTES = [1e3, 1e4, 3e4, 1e5, 3e5, 1e6, 3e6, 1e7]
 INPUT_PIXELS = [1e4, 5e4, 1e5, 3e5, 1e6, 2e6, 5e6, 1.2e7, 4e7]
 ABS_DP = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5]
 
+
+def name_model(holder: object, model: str) -> None:
+    """Every metric of `holder` carries `model` (the declared model's name) as its `model` tag."""
+    for metric in vars(holder).values():
+        if isinstance(metric, Counter | Gauge | Histogram):
+            metric.set_default_tags({"model": model})
+
+
 STAGES = ("receive", "preprocess", "queue", "inference", "escalation", "total")  # escalation: a cascade's 2nd
 
 
 class RouterMetrics:
-    def __init__(self) -> None:
+    def __init__(self, model: str) -> None:
         self.requests = Counter(
             "app_requests_total",
             "HTTP requests by endpoint, variant and status code",
-            tag_keys=("endpoint", "variant", "status"),
+            tag_keys=("endpoint", "variant", "status", "model"),
         )
-        self.errors = Counter("app_errors_total", "Error responses by error code", tag_keys=("endpoint", "code"))
-        self.cancelled = Counter("app_cancelled_total", "Requests whose client went away before the answer")
+        self.errors = Counter(
+            "app_errors_total", "Error responses by error code", tag_keys=("endpoint", "code", "model")
+        )
+        self.cancelled = Counter(
+            "app_cancelled_total", "Requests whose client went away before the answer", tag_keys=("model",)
+        )
         self.stage_ms = Histogram(
             "app_stage_latency_ms",
             "Per-stage latency of successful requests (ms)",
             boundaries=LATENCY_MS,
-            tag_keys=("stage", "variant"),
+            tag_keys=("stage", "variant", "model"),
         )
-        self.input_bytes = Histogram("app_input_bytes", "Size of each image received", boundaries=INPUT_BYTES)
+        self.input_bytes = Histogram(
+            "app_input_bytes", "Size of each image received", boundaries=INPUT_BYTES, tag_keys=("model",)
+        )
         self.input_pixels = Histogram(
-            "app_input_pixels", "Width x height of each image (from its header)", boundaries=INPUT_PIXELS
+            "app_input_pixels",
+            "Width x height of each image (from its header)",
+            boundaries=INPUT_PIXELS,
+            tag_keys=("model",),
         )
         self.shadow = Counter(
             "app_shadow_total",
             "Shadow comparisons by outcome (agree, disagree, dropped, failed)",
-            tag_keys=("pair", "outcome"),
+            tag_keys=("pair", "outcome", "model"),
         )
         self.shadow_abs_dp = Histogram(
             "app_shadow_abs_top1_prob_delta",
             "|delta top-1 probability| between the two variants",
             boundaries=ABS_DP,
-            tag_keys=("pair",),
+            tag_keys=("pair", "model"),
         )
 
         self.cascade = Counter(
             "app_cascade_images_total",
             "Images answered by a cascade, by outcome: kept (first's answer), escalated (then's), escalation_failed",
-            tag_keys=("cascade", "outcome"),
+            tag_keys=("cascade", "outcome", "model"),
         )
         self.cascade_threshold = Gauge(
-            "app_cascade_threshold", "A cascade's margin threshold in force (auto: as fitted)", tag_keys=("cascade",)
+            "app_cascade_threshold",
+            "A cascade's margin threshold in force (auto: as fitted)",
+            tag_keys=("cascade", "model"),
         )
         self.held = HeldGauges()
+        name_model(self, model)
 
     # The pipeline's PipelineMetrics (app/pipeline/ports.py).
     def cascade_images(self, cascade: str, outcome: str, n: int) -> None:
@@ -142,37 +163,43 @@ class HeldGauges:
 
 
 class ClassifierMetrics:
-    def __init__(self) -> None:
+    def __init__(self, model: str) -> None:
         self.held = HeldGauges()
         self.batch_size = Histogram(
-            "app_batch_size", "Images per ONNX Runtime call", boundaries=BATCH_SIZES, tag_keys=("variant",)
+            "app_batch_size", "Images per ONNX Runtime call", boundaries=BATCH_SIZES, tag_keys=("variant", "model")
         )
         # The mean batch size from exact counts: Ray exports a histogram's _sum estimated from its buckets.
-        self.batch_images = Counter("app_batch_images_total", "Images sent to the engine", tag_keys=("variant",))
-        self.batches = Counter("app_batches_total", "Engine calls (batches)", tag_keys=("variant",))
+        self.batch_images = Counter(
+            "app_batch_images_total", "Images sent to the engine", tag_keys=("variant", "model")
+        )
+        self.batches = Counter("app_batches_total", "Engine calls (batches)", tag_keys=("variant", "model"))
         self.batch_ms = Histogram(
-            "app_batch_inference_ms", "ONNX Runtime time per batch (ms)", boundaries=LATENCY_MS, tag_keys=("variant",)
+            "app_batch_inference_ms",
+            "ONNX Runtime time per batch (ms)",
+            boundaries=LATENCY_MS,
+            tag_keys=("variant", "model"),
         )
         self.provider = Gauge(
             "app_execution_provider",
             "1 for the execution provider really active in this replica",
-            tag_keys=("variant", "provider", "requested"),
+            tag_keys=("variant", "provider", "requested", "model"),
         )
         self.measured = Gauge(
             "app_engine_images_per_second",
             "Throughput this replica measured on its own engine at warm-up",
-            tag_keys=("variant", "engine", "batch"),
+            tag_keys=("variant", "engine", "batch", "model"),
         )
         self.speed_gate = Gauge(
             "app_speed_gate_passed",
             "1 if this variant met speed_gate.min_speedup against its baseline on this node, else 0",
-            tag_keys=("variant", "baseline"),
+            tag_keys=("variant", "baseline", "model"),
         )
         self.speedup = Gauge(
             "app_speed_gate_speedup",
             "This variant's img/s divided by the baseline's, measured on this node at warm-up",
-            tag_keys=("variant", "baseline"),
+            tag_keys=("variant", "baseline", "model"),
         )
+        name_model(self, model)
 
     def record_start(self, variant: str, report: StartupReport) -> None:
         """The replica's start-up measurement and, if gated, the speed gate's verdict."""

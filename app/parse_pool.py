@@ -49,7 +49,7 @@ _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory `app` is
 
 
 # What `v2.parse_infer_request` takes: (body, header_length, limits, image_size).
-ParseJob = tuple[bytes, "int | None", Limits, tuple[int, int]]
+ParseJob = tuple[bytes, "int | None", Limits, tuple[int, ...]]
 
 
 def json_part(body: bytes, header_length: int | None) -> int:
@@ -62,7 +62,7 @@ async def parse_request(
     body: bytes,
     header_length: int | None,
     limits: Limits,
-    image_size: tuple[int, int],
+    image_size: tuple[int, ...],
     timeout_s: float,
 ) -> v2.InferRequest:
     """`v2.parse_infer_request`, inline when its JSON is small, else in `pool`; 413 past Limits.max_json_bytes."""

@@ -11,7 +11,7 @@ from app.errors import ServiceError
 
 @dataclass
 class Pixels:
-    """What the Preprocessor hands the Classifier: uint8 [N, H, W, 3] plus where its time went."""
+    """What the Preprocessor hands the Classifier: uint8 [N, H, W, C] as the model declares, and where its time went."""
 
     array: np.ndarray
     preprocess_ms: float

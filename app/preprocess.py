@@ -1,10 +1,11 @@
-"""Image bytes -> uint8 RGB [size, size, 3]. Pure OpenCV and numpy; no Ray.
+"""Image bytes -> the model's uint8 pixels [H, W, C]. Pure OpenCV and numpy; no Ray.
 
 The server's Preprocessor and the INT8 calibration reader both call
-`preprocess`, so the model is calibrated on exactly what it will be served.
+`preprocess` with the model's declared transform (app/transform.py), so the
+model is calibrated on exactly what it will be served.
 
 The contract: for *any* input bytes, `preprocess` returns a uint8 array of
-shape (size, size, 3) or raises `ImageInputError`. An exception of any other
+the transform's shape or raises `ImageInputError`. An exception of any other
 type is a bug in this service (the HTTP layer answers it with 500
 internal_error), never a verdict on the input, so only the failures that input
 bytes can cause are translated here.
@@ -46,30 +47,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 
-# OpenCV's own pixel guard, a second line behind `probe_dimensions`. OpenCV reads it
-# in a static initializer when its library loads, i.e. at the first `import cv2`
-# anywhere in the process: this module must be imported before anything imports cv2,
-# or the guard stays at OpenCV's default (2**30). `opencv_pixel_guard_active` checks.
-DEFAULT_MAX_PIXELS = 40_000_000
-os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(DEFAULT_MAX_PIXELS))
+import numpy as np
 
-import cv2  # noqa: E402
-import numpy as np  # noqa: E402
-
-from app.errors import ImageInputError  # noqa: E402
+from app.errors import ImageInputError
+from app.opencv import DEFAULT_MAX_PIXELS, cv2
+from app.transform import Transform
 
 logger = logging.getLogger(__name__)
-
-# Keep OpenCV from spawning its own thread pool inside a replica that owns a fraction of a core.
-cv2.setNumThreads(1)
-
-# OpenCV logs every undecodable input at ERROR level ("imdecode_(''): can't read header",
-# TIFF_Error ...): one or more stderr lines per bad request. Only FATAL is left on, unless
-# the operator chose a level with OPENCV_LOG_LEVEL (e.g. DEBUG, to look at a bad input).
-# libjpeg's "Corrupt JPEG data: ..." and libpng's "libpng error: ..." are printed by
-# those libraries straight to fd 2, past OpenCV's logger; no OpenCV setting reaches them.
-if "OPENCV_LOG_LEVEL" not in os.environ:
-    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_FATAL)
 
 
 def _env_size(name: str, default: int) -> int:
@@ -811,32 +795,26 @@ def _from_cv2_error(e: cv2.error, info: ImageInfo) -> ImageInputError:
     return ImageInputError("undecodable_image", f"the {info.format} data could not be decoded")
 
 
-def resize(img: np.ndarray, size: int) -> np.ndarray:
-    """Squash to size x size with area interpolation (what the model was checked against)."""
-    if img.shape[0] == size and img.shape[1] == size:
-        return np.ascontiguousarray(img)
-    interpolation = cv2.INTER_AREA if min(img.shape[:2]) >= size else cv2.INTER_LINEAR
-    return cv2.resize(img, (size, size), interpolation=interpolation)
-
-
 def preprocess(
     data: bytes,
-    size: int = 224,
+    size: int | Transform = 224,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     reduced: bool = True,
     max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
 ) -> np.ndarray:
-    """Encoded image bytes -> uint8 RGB [size, size, 3], the model's input for one image.
+    """Encoded image bytes -> the model's pixels for one image: uint8 [H, W, C] as `size` says (a Transform: the
+    model's resize, crop and channel order; an int: squashed to size x size RGB).
 
     `max_decode_bytes`: the decode budget (see `estimate_decode_bytes`); an image whose header
     says it would cost more is refused (413 decode_budget_exceeded) before the decoder runs.
     """
-    if size <= 0:
-        raise ValueError(f"size must be positive, got {size}")
-    img = _decode_checked(data, max_pixels, size if reduced else None, max_decode_bytes)
+    if isinstance(size, int):
+        if size <= 0:
+            raise ValueError(f"size must be positive, got {size}")
+        size = Transform.square(size)
+    img = _decode_checked(data, max_pixels, size.decode_target if reduced else None, max_decode_bytes)
     try:
-        small = resize(img, size)  # before the colour conversion: it then touches size*size pixels only
-        return cv2.cvtColor(small, cv2.COLOR_GRAY2RGB if small.ndim == 2 else cv2.COLOR_BGR2RGB)
+        return size.apply(img)  # resized before the colour conversion: it then touches the output's pixels only
     except MemoryError:
         raise ImageInputError("too_many_pixels", "not enough memory to resize this image") from None
 

@@ -24,6 +24,7 @@ from app.errors import ServiceError
 from app.payloads import Pixels
 from app.preprocess import check_header, preprocess
 from app.serve_internals import replica_id
+from app.transform import Transform
 
 
 def _assigned_cpus() -> float:
@@ -55,8 +56,11 @@ class Decoder:
             "decodes_waiting": self.budget.waiting,
         }
 
-    async def many(self, images: list[bytes], size: int, deadline_s: float | None = None) -> Pixels:
+    async def many(self, images: list[bytes], size: Transform | int, deadline_s: float | None = None) -> Pixels:
         """The images of one request, or of a group the Router coalesced; a bad one fails only its position.
+
+        `size`: the model's transform (its input size, resize, crop and channel order); an int squashes to that
+        square in RGB.
 
         `deadline_s`: when the caller stops waiting, as wall-clock time (`time.time()`, seconds since
         the epoch; the Router's perf_counter deadlines mean nothing in another process). An image not
@@ -65,13 +69,14 @@ class Decoder:
         Cancelled (Serve cancels the call when the client goes), it stops before the next image.
         """
         t0 = time.perf_counter()
+        transform = Transform.square(size) if isinstance(size, int) else size
         rows, positions, errors = [], [], {}
         for i, data in enumerate(images):
             timeout = None if deadline_s is None else deadline_s - time.time()
             if timeout is not None and timeout <= 0:
                 raise ServiceError("inference_timeout", f"the deadline passed before image {i} was decoded")
             try:
-                rows.append(await self._one(data, size, timeout))
+                rows.append(await self._one(data, transform, timeout))
                 positions.append(i)
             except ServiceError as e:
                 errors[i] = e
@@ -79,17 +84,17 @@ class Decoder:
                 raise ServiceError(
                     "inference_timeout", f"the deadline passed while image {i} waited for a decode slot"
                 ) from None
-        array = np.stack(rows) if rows else np.zeros((0, size, size, 3), np.uint8)
+        array = np.stack(rows) if rows else np.zeros((0, *transform.shape), np.uint8)
         return Pixels(array, round((time.perf_counter() - t0) * 1000.0, 3), errors, positions)
 
-    async def _one(self, data: bytes, size: int, timeout: float | None) -> np.ndarray:
+    async def _one(self, data: bytes, transform: Transform, timeout: float | None) -> np.ndarray:
         """One image: the header checks here (a refusal waits for nothing), then the decode under its cost."""
-        _, cost = check_header(data, self.max_pixels, size, self.max_decode_bytes)
+        _, cost = check_header(data, self.max_pixels, transform.decode_target, self.max_decode_bytes)
         return await self.budget.run(
             cost,
             preprocess,
             data,
-            size,
+            transform,
             self.max_pixels,
             True,
             self.max_decode_bytes,

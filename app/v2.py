@@ -7,11 +7,11 @@ is encoded. Every function here takes and returns plain values, so the whole
 protocol is tested without a cluster against the real, unmodified tritonclient.
 
 Models. One model name per way of choosing a variant, all built by
-`model_name_for(base, variant)`:
+`model_name_for(base, variant)` from the declared model name (`args.model.name`):
 
-    efficientnet_lite0         A/B routed (weights, sticky header, override header), like /v1
-    efficientnet_lite0-int8    always Classifier_int8
-    efficientnet_lite0-fp32    always Classifier_fp32
+    <name>         A/B routed (weights, sticky header, override header), like /v1
+    <name>-int8    always Classifier_int8
+    <name>-fp32    always Classifier_fp32
 
 Each has the single version "1" (`DEFAULT_VERSION`).
 
@@ -25,9 +25,11 @@ its own name, so a client picks the one it has):
                                       Binary extension: 4-byte little-endian length + bytes per element.
                                       JSON `data`: each element is the file as a base64 string (JSON strings
                                       cannot carry arbitrary bytes; raw JPEG/PNG bytes are never valid UTF-8).
-    image        UINT8 [-1, H, W, 3]  RGB pixels already at the model's size, sent straight to the Classifier.
-                                      Named after the built-in model's own input; always uint8 NHWC because
-                                      that is what a Classifier accepts, whatever the ONNX graph's layout.
+    image        UINT8 [-1, H, W, C]  pixels already at the model's size (H, W, C from its graph) in the channel
+                                      order it declares (model.preprocess.color), sent straight to the
+                                      Classifier, which normalises them as declared. Always uint8 NHWC: that
+                                      is what a Classifier accepts, whatever the graph's own input (a float
+                                      NCHW graph included: its normalisation is the server's, never the client's).
 
 Outputs (all batched, row i answers image i):
 
@@ -72,7 +74,6 @@ from app.body import inflate
 from app.config import Limits
 from app.errors import STATUS, ServiceError
 from app.guards import byte_count
-from app.models import MODEL_NAME
 
 # --------------------------------------------------------------------------- names and constants
 
@@ -124,10 +125,6 @@ def resolve_model(
     return names[name]
 
 
-AB_MODEL = model_name_for(MODEL_NAME)
-INT8_MODEL = model_name_for(MODEL_NAME, "int8")
-FP32_MODEL = model_name_for(MODEL_NAME, "fp32")
-
 # --------------------------------------------------------------------------- paths
 
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
@@ -174,6 +171,13 @@ def server_metadata(version: str, name: str = SERVER_NAME) -> dict[str, Any]:
     return {"name": name, "version": version, "extensions": list(EXTENSIONS)}
 
 
+def image_shape(model_spec: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(height, width, channels) of the `image` input, from a Classifier's `describe()["input"]`."""
+    h, w = image_hw(model_spec)
+    channels = model_spec.get("channels", 3)
+    return h, w, channels if isinstance(channels, int) else 3
+
+
 def image_hw(model_spec: Mapping[str, Any]) -> tuple[int, int]:
     """The model's input height and width from a Classifier's `describe()["input"]` (the runner's spec).
 
@@ -202,7 +206,7 @@ def model_metadata(
     model_spec: a Classifier's `describe()["input"]`. num_classes: the number of
     labels (None or 0 when unknown: the class dimension is reported as -1).
     """
-    h, w = image_hw(model_spec)
+    h, w, channels = image_shape(model_spec)
     c = num_classes if num_classes and num_classes > 0 else -1
     return {
         "name": name,
@@ -212,7 +216,7 @@ def model_metadata(
             # [-1, 1], as Triton reports a batching model's dims [1] (app/v2_config.py): its tools size a request
             # from it (perf_analyzer refuses an input with no dimension past the batch). [N] is taken as well.
             {"name": IMAGE_BYTES_INPUT, "datatype": INPUT_DATATYPES[IMAGE_BYTES_INPUT], "shape": [-1, 1]},
-            {"name": IMAGE_INPUT, "datatype": INPUT_DATATYPES[IMAGE_INPUT], "shape": [-1, h, w, 3]},
+            {"name": IMAGE_INPUT, "datatype": INPUT_DATATYPES[IMAGE_INPUT], "shape": [-1, h, w, channels]},
         ],
         "outputs": [
             {"name": LOGITS, "datatype": "FP32", "shape": [-1, c]},
@@ -269,7 +273,7 @@ class InferRequest:
     outputs: tuple[RequestedOutput, ...]
     top_k: int  # k of the top_k output when it has no classification count
     images: list[bytes] | None = None  # image_bytes: encoded files, for Preprocessor.many
-    pixels: np.ndarray | None = None  # image: uint8 [N, H, W, 3] (read-only), for the Classifier as is
+    pixels: np.ndarray | None = None  # image: uint8 [N, H, W, C] (read-only), for the Classifier as is
     parameters: dict[str, Any] = field(default_factory=dict)  # the request's own parameters, unchecked extras
 
     @property
@@ -449,14 +453,19 @@ def _parse_outputs(doc: Mapping[str, Any], params: Mapping[str, Any], limits: Li
     return tuple(outputs)
 
 
+def _hwc(image_size: tuple[int, ...]) -> tuple[int, int, int]:
+    h, w, *c = image_size
+    return h, w, c[0] if c else 3
+
+
 def parse_infer_request(
-    body: bytes, header_length: int | None, limits: Limits, image_size: tuple[int, int]
+    body: bytes, header_length: int | None, limits: Limits, image_size: tuple[int, ...]
 ) -> InferRequest:
     """Parse and check an inference request: JSON only, or JSON header + binary tensor data.
 
     header_length: the Inference-Header-Content-Length header (`parse_header_length`),
-    None when the whole body is JSON. image_size: the model's (height, width)
-    (`image_hw` of a Classifier's spec), the only H, W an `image` input may have.
+    None when the whole body is JSON. image_size: the model's (height, width[, channels]) (`image_shape` of a
+    Classifier's spec; channels 3 unless given), the only H, W, C an `image` input may have.
 
     Errors (all ServiceError): bad JSON, header length beyond the body, binary
     length mismatch -> bad_request (400); wrong input or output name, datatype,
@@ -476,7 +485,7 @@ def parse_infer_request(
 
 
 def parse_infer_doc(
-    doc: Mapping[str, Any], rest: bytes, binary_allowed: bool, limits: Limits, image_size: tuple[int, int]
+    doc: Mapping[str, Any], rest: bytes, binary_allowed: bool, limits: Limits, image_size: tuple[int, ...]
 ) -> InferRequest:
     """`parse_infer_request` after the JSON: the request object, and the binary data that followed it.
 
@@ -496,7 +505,7 @@ def parse_infer_doc(
     if len(inputs) != 1:
         raise _tensor_error(
             f"this model takes exactly one input ({IMAGE_BYTES_INPUT!r} BYTES [-1] or {IMAGE_INPUT!r} "
-            f"UINT8 [-1, {image_size[0]}, {image_size[1]}, 3]), got {len(inputs)}"
+            f"UINT8 [-1, {', '.join(map(str, _hwc(image_size)))}]), got {len(inputs)}"
         )
     inp = inputs[0]
     name = inp.get("name")
@@ -508,14 +517,14 @@ def parse_infer_doc(
     if datatype != INPUT_DATATYPES[name]:
         raise _tensor_error(f"input {name!r} must have datatype {INPUT_DATATYPES[name]}, got {_short(datatype)}")
     shape = _parse_shape(inp, name)
-    h, w = image_size
+    h, w, c = _hwc(image_size)
     # [N, 1] too: what clients of a Triton model with max_batch_size > 0 and dims [1] send.
     if name == IMAGE_BYTES_INPUT and (not shape or shape[1:] not in ([], [1])):
         raise _tensor_error(
             f"input {name!r} must have shape [N] or [N, 1] (one encoded image per element), got {_short(shape)}"
         )
-    if name == IMAGE_INPUT and (len(shape) != 4 or shape[1:] != [h, w, 3]):
-        raise _tensor_error(f"input {name!r} must have shape [N, {h}, {w}, 3], got {_short(shape)}")
+    if name == IMAGE_INPUT and (len(shape) != 4 or shape[1:] != [h, w, c]):
+        raise _tensor_error(f"input {name!r} must have shape [N, {h}, {w}, {c}], got {_short(shape)}")
     n = shape[0]
     if n == 0:
         raise _tensor_error(f"input {name!r} has no images (shape {_short(shape)})")
@@ -553,14 +562,14 @@ def parse_infer_doc(
                 raise ServiceError("empty_body", f"image {i} of input {name!r} is empty")
     else:
         if size is not None:
-            expected = n * h * w * 3
+            expected = n * h * w * c
             if size != expected:
                 raise _tensor_error(f"input {name!r}: shape {_short(shape)} is {expected} bytes of UINT8, got {size}")
-            req.pixels = np.frombuffer(rest, dtype=np.uint8).reshape(n, h, w, 3)
+            req.pixels = np.frombuffer(rest, dtype=np.uint8).reshape(n, h, w, c)
         else:
             if not isinstance(inp["data"], list):
                 raise _tensor_error(f"input {name!r}: data must be a list")
-            req.pixels = _json_pixels(inp["data"], (n, h, w, 3), name)
+            req.pixels = _json_pixels(inp["data"], (n, h, w, c), name)
     return req
 
 

@@ -7,7 +7,9 @@ message (model_config.proto) in its JSON form, so the same dict converts to the 
 
 Both inputs are `optional`: a request carries exactly one of them, which is how Triton says "either".
 `image_bytes` is `dims [1]` reshaped to `[]`: Triton's way of saying a batched request is `[N]` or
-`[N, 1]`, and this service takes both.
+`[N, 1]`, and this service takes both. `image`'s dims and the outputs' class count come from the model's
+graph; the graph's own input (its name, data type, layout, dims) is in `parameters`, beside what the
+service does between the two (`preprocess`, `prologue`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def model_config(
     batching and execution provider); max_request_images: `Limits.max_batch_files`, the most images one
     request may carry, which is what Triton's `max_batch_size` bounds.
     """
-    h, w = v2.image_hw(model_spec)
+    h, w, channels = v2.image_shape(model_spec)
     c = num_classes if num_classes and num_classes > 0 else -1
     batching = described.get("batching") or {}
     config: dict[str, Any] = {
@@ -53,7 +55,7 @@ def model_config(
                 "name": v2.IMAGE_INPUT,
                 "data_type": "TYPE_UINT8",
                 "format": "FORMAT_NHWC",
-                "dims": [h, w, 3],
+                "dims": [h, w, channels],
                 "optional": True,
             },
         ],
@@ -64,9 +66,10 @@ def model_config(
         ],
         "parameters": {
             k: {"string_value": str(described[k])}
-            for k in ("variant", "precision", "execution_provider")
+            for k in ("model", "variant", "precision", "execution_provider")
             if described.get(k) is not None
-        },
+        }
+        | _graph_parameters(model_spec),
     }
     if batching.get("max_batch_size"):
         config["dynamic_batching"] = {
@@ -74,3 +77,19 @@ def model_config(
             "max_queue_delay_microseconds": int(float(batching.get("batch_wait_timeout_s") or 0) * 1e6),
         }
     return config
+
+
+def _graph_parameters(model_spec: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """The graph's own input and what lies between `image` and it, as Triton's string parameters."""
+    graph = (model_spec.get("graph") or {}).get("input")
+    if not isinstance(graph, Mapping):
+        return {}
+    dims = ",".join(str(d) for d in graph.get("shape", [])[1:])
+    out = {"graph_input": f"{graph.get('name')} {graph.get('dtype')} {graph.get('layout')} [{dims}]"}
+    transform = model_spec.get("transform")
+    if isinstance(transform, Mapping):
+        out["preprocess"] = ", ".join(f"{k}={v}" for k, v in transform.items())
+    prologue = model_spec.get("prologue")
+    if isinstance(prologue, Mapping):
+        out["prologue"] = " > ".join(prologue.get("steps") or []) or "none"
+    return {k: {"string_value": v} for k, v in out.items()}

@@ -99,7 +99,7 @@ def _contents(inp: Any) -> bytes | None:
     return None
 
 
-def infer_request(msg: pb.ModelInferRequest, limits: Limits, image_size: tuple[int, int]) -> v2.InferRequest:
+def infer_request(msg: pb.ModelInferRequest, limits: Limits, image_size: tuple[int, ...]) -> v2.InferRequest:
     """A ModelInferRequest as the service's InferRequest, through the REST endpoint's own checks."""
     raw = list(msg.raw_input_contents)
     if raw and len(raw) != len(msg.inputs):

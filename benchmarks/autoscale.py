@@ -63,7 +63,7 @@ def prod_on_one_machine(
     args = app["args"]
     args["variants"]["int8"]["model_path"] = str(model_files.int8)
     args["variants"]["fp32"]["model_path"] = str(model_files.fp32)
-    args["labels_path"] = str(model_files.labels)
+    args["model"]["labels_path"] = str(model_files.labels)
     args["device"] = "auto"  # CUDA when a GPU was granted; this machine has no CUDA, so ORT falls back
     args["require_gpu"] = False
     args.pop("speed_gate")  # measuring FP32 beside INT8 at start costs these 2 cores a CPU-minute

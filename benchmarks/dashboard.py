@@ -84,9 +84,10 @@ class Prometheus:
 
 
 def local_expr(expr: str, range_s: float) -> str:
-    """A Grafana expression for the query API: $application and $variant match everything, $__range is the run."""
+    """A Grafana expression for the query API: $application, $model and $variant match everything, $__range is the
+    run."""
     expr = expr.replace("$__range", f"{max(1, math.ceil(range_s))}s").replace("$__rate_interval", "1m")
-    return re.sub(r"\$(application|variant)\b", ".*", expr)
+    return re.sub(r"\$(application|model|variant)\b", ".*", expr)
 
 
 def legend(fmt: str, labels: dict[str, str]) -> str:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from app.models import ModelFiles, default_files
+from app.transform import Transform
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -222,8 +223,8 @@ class BlockingDecode:
         self.calls: list[int] = []
         self.started, self.release = threading.Event(), threading.Event()
 
-    def __call__(self, data: bytes, size: int, *rest: object) -> np.ndarray:
+    def __call__(self, data: bytes, transform: Transform, *rest: object) -> np.ndarray:
         self.calls.append(len(data))
         self.started.set()
         self.release.wait(30)
-        return np.zeros((size, size, 3), np.uint8)
+        return np.zeros(transform.shape, np.uint8)

@@ -30,6 +30,7 @@ from app.pipeline.cascading import Cascades
 from app.pipeline.service import Outcome, Pipeline
 from app.rollout.spec import RolloutSpec
 from app.routing import Choice, WeightedSplit
+from app.transform import Transform
 from tests.test_pipeline_unit import FakeBackend, FakeCall, Metrics, no_ray, run, until  # noqa: F401 (no_ray: autouse)
 
 CASCADE = "int8>fp32"
@@ -201,7 +202,8 @@ def test_a_failing_first_is_the_cascades_failure_in_the_ab_evidence() -> None:
 class OtherSize(CascadeBackend):
     def describe(self, variant: str) -> Any:
         async def go() -> dict[str, Any]:
-            return {"input": {"size": [260, 260] if variant == "fp32" else [224, 224]}}
+            size = 260 if variant == "fp32" else 224
+            return {"input": {"size": [size, size], "transform": Transform.square(size).to_dict()}}
 
         return FakeCall(go())
 
@@ -401,8 +403,8 @@ class PhotoBackend(CascadeBackend):
 
     values: dict[bytes, int] = {}
 
-    def preprocess(self, images: list[bytes], size: int, wall_deadline: float) -> Any:
-        return super().preprocess([bytes([self.values[i]]) for i in images], size, wall_deadline)
+    def preprocess(self, images: list[bytes], transform: Transform, wall_deadline: float) -> Any:
+        return super().preprocess([bytes([self.values[i]]) for i in images], transform, wall_deadline)
 
 
 def test_escalated_disagreements_reach_the_capture_with_their_encoded_bytes(tmp_path: Path) -> None:

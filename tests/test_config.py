@@ -29,6 +29,15 @@ def test_shipped_configs_validate(name: str) -> None:
     assert set(args.variants) == {"int8", "fp32"}
 
 
+@pytest.mark.parametrize("name", ["efficientnet-lite1.yaml", "imagenet-nchw.yaml"])
+def test_the_example_configs_of_your_own_model_validate(name: str) -> None:
+    import yaml
+
+    args = validate_serve_config(yaml.safe_load((REPO / "configs" / "examples" / name).read_text()))
+    assert args.model.name != "efficientnet_lite0" and not args.build_default_models
+    assert args.model.preprocess.crop == "center" and len(args.model.preprocess.mean) == 3
+
+
 def test_cli_checks_files() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "app.config", "configs/local.yaml", "configs/prod.yaml", "configs/serve.env"],

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from ray import serve
 
-from app.models import ModelFiles
+from app.models import BUILTIN_MODEL, ModelFiles
 from tests.conftest import ServeDeployer, driver_handle, local_config, wait_until
 
 pytestmark = pytest.mark.slow
@@ -26,6 +26,7 @@ BROKEN = "broken"
 def one_variant_app(model_files: ModelFiles, model_path: str | None = None, **changes: Any) -> dict[str, Any]:
     """A small single-variant app at /broken; `changes` patch deployments by name."""
     args: dict[str, Any] = {
+        "model": BUILTIN_MODEL,  # declared: a model_path of another name is not taken for the built-in model
         "variants": {"fp32": {"model_path": model_path or str(model_files.fp32)}},
         "device": "cpu",
         "build_default_models": False,
@@ -104,7 +105,16 @@ def test_corrupt_model_file_fails_the_replica_naming_the_path(
     bad = tmp_path / "corrupt.onnx"
     bad.write_bytes(b"this is not a protobuf" * 100)
     message = deploy_beside(one_variant_app(model_files, str(bad)))
-    assert "cannot load model" in message and str(bad) in message
+    assert "variants.fp32.model_path" in message and str(bad) in message and "not a readable ONNX file" in message
+
+
+def test_a_declaration_contradicting_the_graph_fails_at_deploy_naming_the_field(
+    deploy_beside: Any, model_files: ModelFiles
+) -> None:
+    """The built-in graph is 224 x 224: a shorter side of 200 cannot be cropped to it."""
+    model = {"name": "mine", "preprocess": {"resize_shorter": 200, "crop": "center"}}
+    message = deploy_beside(one_variant_app(model_files, args={"model": model}))
+    assert "model.preprocess.resize_shorter: 200" in message and str(model_files.fp32) in message
 
 
 def test_negative_weight_fails_at_deploy_naming_the_field(deploy_beside: Any, model_files: ModelFiles) -> None:

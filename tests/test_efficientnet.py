@@ -161,3 +161,28 @@ def test_build_model_rejects_a_state_dict_with_extra_blocks():
     del sd["_blocks.16._project_conv.weight"], sd["_blocks.15._project_conv.weight"]
     with pytest.raises(KeyError, match=r"_blocks\.15\._project_conv\.weight"):
         build_model(sd)
+
+
+# --------------------------------------------------------------------------- Lite1, exported as PyTorch users do
+
+
+def test_lite1_repeats_lite0s_stages_deeper_and_keeps_the_first_and_last() -> None:
+    assert [s.repeats for s in efficientnet.LITE1.stages()] == [1, 3, 3, 4, 4, 5, 1]  # 21 blocks, as its weights
+    assert efficientnet.LITE0.stages() == efficientnet.STAGES and efficientnet.LITE1.input_size == 240
+
+
+def test_lite1_as_a_pytorch_export_takes_float_nchw_with_its_normalisation_outside(tmp_path) -> None:
+    from app.models.build import export_lite1
+
+    export_lite1(tmp_path / "lite1.onnx")
+    model = onnx.load(str(tmp_path / "lite1.onnx"))
+    (inp,), (out,) = model.graph.input, model.graph.output
+    assert inp.name == "input" and inp.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert _dims(inp) == ["N", 3, 240, 240] and _dims(out) == ["N", 1000]
+    assert model.graph.node[0].op_type == "Conv" and model.graph.node[0].input[0] == "input"  # nothing in front
+    assert Counter(n.op_type for n in model.graph.node)["Conv"] == 1 + 2 + 20 * 3 + 1
+    session = ort.InferenceSession(str(tmp_path / "lite1.onnx"), providers=["CPUExecutionProvider"])
+    img = cv2.resize(skimage.data.coffee(), (240, 240), interpolation=cv2.INTER_AREA).astype(np.float32)
+    x = ((img - 127.0) / 128.0).transpose(2, 0, 1)[None]
+    p = softmax(session.run(None, {"input": x})[0].astype(np.float64))[0]
+    assert int(p.argmax()) == 967 and p[967] > 0.4  # espresso: the weights are read right at 240 px too

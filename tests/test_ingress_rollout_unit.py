@@ -14,12 +14,13 @@ CONFIG = {"weights": {"fp32": 60, "int8": 0, "mobilenet": 40}}
 def ingress() -> Ingress:
     args = AppArgs.model_validate(
         {
+            "model": {"name": "classifier"},
             "variants": {v: {"model_path": f"{v}.onnx"} for v in VARIANTS},
             "check_model_files": False,
             "build_default_models": False,
         }
     )
-    ing = Ingress(args, FakeBackend(), VARIANTS, [], "r1")
+    ing = Ingress(args, FakeBackend(), VARIANTS, "r1")
     ing.configure(RouterConfig.model_validate(CONFIG))
     return ing
 

@@ -914,24 +914,25 @@ def test_the_image_builds_models_where_prod_yaml_looks_for_them() -> None:
     model_dir = re.search(r"APP_MODEL_DIR=(\S+)", env)
     assert model_dir, "the Dockerfile must set APP_MODEL_DIR"
     args = yaml.safe_load(PROD.read_text())["applications"][0]["args"]
-    paths = [v["model_path"] for v in args["variants"].values()] + [args["labels_path"]]
+    paths = [v["model_path"] for v in args["variants"].values()] + [args["model"]["labels_path"]]
     assert {str(Path(p).parent) for p in paths} == {model_dir.group(1)}
     assert args["build_default_models"] is False, "a cluster never builds models at start"
 
 
 def test_the_build_context_is_only_what_the_dockerfile_copies() -> None:
     ignore = (K8S / "Dockerfile.dockerignore").read_text().split()
-    assert ignore[ignore.index("*") :][:4] == ["*", "!pyproject.toml", "!README.md", "!app/"]
+    assert ignore[ignore.index("*") :][:5] == ["*", "!pyproject.toml", "!README.md", "!app/", "!configs/prod.yaml"]
     copied = [a for i, a in dockerfile(K8S / "Dockerfile") if i == "COPY"]
     sources = {s for c in copied for s in c.split()[:-1] if not s.startswith("--")}
-    assert sources == {"pyproject.toml", "README.md", "app"}
+    assert sources == {"pyproject.toml", "README.md", "app", "configs/prod.yaml"}
 
 
 def test_the_image_builds_the_tensorrt_ready_int8_model() -> None:
     runs = [a for i, a in dockerfile(K8S / "Dockerfile") if i == "RUN"]
     models = [r for r in runs if "python -m app.models build" in r]
     assert len(models) == 1
-    assert "python -m app.models quantize --target tensorrt" in models[0]
+    assert "python -m app.models quantize --model" in models[0] and "--config /tmp/prod.yaml" in models[0]
+    assert '--output "$APP_MODEL_DIR/efficientnet_lite0-int8-trt.onnx" --target tensorrt' in models[0]
     assert 'test -f "$APP_MODEL_DIR/efficientnet_lite0-int8-trt.onnx"' in models[0]
 
 

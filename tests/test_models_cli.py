@@ -1,4 +1,5 @@
-"""`python -m app.models`: build idempotence, the INT8 quality gate, `--target tensorrt`, and user errors (exit 2)."""
+"""`python -m app.models`: build idempotence; quantize and report for any model file as its config declares it,
+the INT8 quality gate, `--target tensorrt`; and user errors (exit 2, one line naming the file or field)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from app.models import ModelFiles
 from app.models.__main__ import main
+from app.models.report import report_paths
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,6 +39,9 @@ def run_cli(*args: str | Path, quick_timing: bool = False) -> subprocess.Complet
     )
 
 
+LOCAL = REPO / "configs" / "local.yaml"
+
+
 def _copy_fp32(src: ModelFiles, dst: Path) -> ModelFiles:
     files = ModelFiles(dst)
     dst.mkdir(parents=True, exist_ok=True)
@@ -49,26 +55,29 @@ def _copy_fp32(src: ModelFiles, dst: Path) -> ModelFiles:
 
 
 @pytest.fixture(scope="module")
-def gated(model_files, tmp_path_factory) -> tuple[ModelFiles, subprocess.CompletedProcess[str]]:
-    """quantize with an impossible --min-agreement, in a fresh directory holding only FP32 + labels."""
-    files = _copy_fp32(model_files, tmp_path_factory.mktemp("gate"))
-    result = run_cli(
-        "--model-dir", files.root, "quantize", "--num-images", "16", "--min-agreement", "1.01", quick_timing=True
-    )
-    return files, result
+def gated(model_files, tmp_path_factory) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
+    """quantize with an impossible --min-agreement, from an FP32 file of another name, into a file of any name."""
+    root = tmp_path_factory.mktemp("gate")
+    fp32, out = root / "my-model.onnx", root / "builds" / "my-model-q.onnx"
+    shutil.copyfile(model_files.fp32, fp32)
+    args = ("--model", fp32, "--config", LOCAL, "--output", out, "--num-images", "16", "--min-agreement", "1.01")
+    return fp32, out, run_cli("quantize", *args, quick_timing=True)
 
 
 @pytest.mark.slow
 def test_quantize_gate_fails_below_min_agreement_and_names_the_figure(gated):
-    files, result = gated
+    _, out, result = gated
     assert result.returncode == 1, result.stderr
-    assert files.int8.is_file() and files.report_json.is_file() and files.report_md.is_file()
-    report = json.loads(files.report_json.read_text())
+    report_json, report_md = report_paths(out)
+    assert out.is_file() and report_json.is_file() and report_md.is_file()
+    assert report_json.name == "my-model-q.report.json"
+    report = json.loads(report_json.read_text())
     agreement = report["quality"]["top1_agreement"]
     assert 0.6 <= agreement < 1.01
     assert f"agreement with FP32 is {agreement:.3f}, below --min-agreement 1.010" in result.stderr
     assert "16 random crops/flips, seed 0" in result.stdout and "| top-1 agreement INT8 vs FP32 |" in result.stdout
-    assert report["calibration"]["method"] == "minmax"
+    assert f"as declared in {LOCAL}" in result.stdout and report["model"]["name"] == "efficientnet_lite0"
+    assert report["calibration"]["method"] == "minmax" and report["calibration_quality"]["images"] == 16
     assert [row["batch"] for row in report["latency"]["int8"]] == [1]  # QUICK_TIMING's cut
     # The CPU INT8's weights were rescaled for U8S8 kernels without VNNI, and none can overflow now.
     limited = report["calibration"]["pair_limit"]
@@ -78,13 +87,14 @@ def test_quantize_gate_fails_below_min_agreement_and_names_the_figure(gated):
 
 @pytest.mark.slow
 def test_quantize_gate_passes_a_reachable_min_agreement(gated):
-    files, _ = gated
-    int8_before = files.int8.read_bytes()
-    result = run_cli("--model-dir", files.root, "report", "--min-agreement", "0.5", quick_timing=True)
+    fp32, out, _ = gated
+    int8_before = out.read_bytes()
+    args = ("--model", fp32, "--int8", out, "--config", LOCAL, "--min-agreement", "0.5")
+    result = run_cli("report", *args, quick_timing=True)
     assert result.returncode == 0, result.stderr
     assert "below --min-agreement" not in result.stderr
-    assert files.int8.read_bytes() == int8_before  # report reads the models, never rewrites them
-    assert f"wrote {files.report_json}" in result.stdout
+    assert out.read_bytes() == int8_before  # report reads the models, never rewrites them
+    assert f"wrote {report_paths(out)[0]}" in result.stdout
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,47 +102,31 @@ def test_quantize_gate_passes_a_reachable_min_agreement(gated):
 
 
 @pytest.mark.slow
-def test_quantize_tensorrt_writes_its_own_file_and_the_report_covers_both(model_files, tmp_path):
-    """The CPU INT8 is left alone, the report gains the TensorRT section, the gate judges only what was written."""
+def test_quantize_tensorrt_writes_its_file_and_its_report_judged_as_tensorrt_computes(model_files, tmp_path):
     import onnx
 
     from app.models.quantize import tensorrt_problems
 
-    files = _copy_fp32(model_files, tmp_path)
-    shutil.copyfile(model_files.int8, files.int8)
-    int8_before = files.int8.read_bytes()
-    args = ("quantize", "--target", "tensorrt", "--num-images", "16", "--min-agreement", "1.01")
-    result = run_cli("--model-dir", files.root, *args, quick_timing=True)
+    out = tmp_path / "trt.onnx"
+    args = ("--model", model_files.fp32, "--config", LOCAL, "--output", out, "--target", "tensorrt")
+    result = run_cli("quantize", *args, "--num-images", "16", "--min-agreement", "1.01")
     assert result.returncode == 1, result.stderr
-    assert files.int8_trt.is_file() and files.int8.read_bytes() == int8_before
-    assert tensorrt_problems(onnx.load(str(files.int8_trt))) == []
-    assert f"wrote {files.int8_trt}" in result.stdout and "with minmax for tensorrt" in result.stdout
-    report = json.loads(files.report_json.read_text())
-    assert report["calibration"]["target"] == "tensorrt" and "int8_trt" in report["models"]
-    agreement = report["tensorrt"]["quality"]["top1_agreement"]
-    assert 0.6 <= agreement < 1.01
-    gate = result.stderr.splitlines()
-    assert f"TensorRT INT8 top-1 agreement with FP32 is {agreement:.3f}, below --min-agreement 1.010" in gate
-    assert not any(line.startswith("INT8 top-1 agreement") for line in gate)  # the CPU INT8 was not this run's
-    assert "| top-1 agreement with FP32 |" in result.stdout and "TensorRT INT8 (" in files.report_md.read_text()
+    assert tensorrt_problems(onnx.load(str(out))) == []
+    assert f"wrote {out}" in result.stdout and "with minmax for tensorrt" in result.stdout
+    report = json.loads(report_paths(out)[0].read_text())
+    assert report["calibration"]["target"] == report["target"] == "tensorrt" and "latency" not in report
+    agreement = report["quality"]["top1_agreement"]
+    assert 0.6 <= agreement < 1.01 and "disable_quant_qdq" in report["evaluated_as"]
+    assert f"TensorRT INT8 top-1 agreement with FP32 is {agreement:.3f}, below --min-agreement 1.010" in result.stderr
 
 
-def test_quantize_tensorrt_needs_the_cpu_int8_for_its_report(model_files, tmp_path, capsys):
-    files = _copy_fp32(model_files, tmp_path)
-    assert main(["--model-dir", str(tmp_path), "quantize", "--target", "tensorrt"]) == 2
+def test_corrupt_int8_is_named_by_report(model_files, tmp_path, capsys):
+    bad = tmp_path / "int8.onnx"
+    bad.write_bytes(b"not onnx either")
+    assert main(["report", "--model", str(model_files.fp32), "--int8", str(bad), "--config", str(LOCAL)]) == 2
     err = capsys.readouterr().err
-    assert "the report needs the CPU INT8 model" in err and str(files.int8) in err and "--no-report" in err
-    assert not files.int8_trt.exists() and not files.report_json.exists()  # said before calibrating
-
-
-def test_corrupt_tensorrt_int8_is_named_by_report(model_files, tmp_path, capsys):
-    files = _copy_fp32(model_files, tmp_path)
-    shutil.copyfile(model_files.int8, files.int8)
-    files.int8_trt.write_bytes(b"not onnx either")
-    assert main(["--model-dir", str(tmp_path), "report"]) == 2
-    err = capsys.readouterr().err
-    assert "TensorRT INT8 model" in err and str(files.int8_trt) in err and "not a valid ONNX file" in err
-    assert not files.report_json.exists()
+    assert "INT8 model" in err and str(bad) in err and "not a valid ONNX file" in err
+    assert not report_paths(bad)[0].exists()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,70 +171,109 @@ def test_build_rewrites_when_the_labels_are_missing(model_files, tmp_path, capsy
 # User errors: one line on stderr, exit status 2
 
 
+def quantize_args(fp32: Path, out: Path, *extra: str) -> list[str]:
+    return ["quantize", "--model", str(fp32), "--config", str(LOCAL), "--output", str(out), *extra]
+
+
 @pytest.mark.parametrize(
-    "args",
-    [
-        ["quantize", "--calibration-dir", "{missing}"],
-        ["quantize", "--eval-dir", "{missing}"],
-        ["report", "--eval-dir", "{missing}"],
-        ["quantize", "--calibration-dir", "{file}"],
-    ],
+    "extra",
+    [["--calibration-dir", "{missing}"], ["--eval-dir", "{missing}"], ["--calibration-dir", "{file}"]],
 )
-def test_missing_directories(tmp_path, capsys, args):
+def test_missing_directories(model_files, tmp_path, capsys, extra):
     (tmp_path / "a_file.png").write_bytes(b"x")
     subs = {"{missing}": str(tmp_path / "no" / "such"), "{file}": str(tmp_path / "a_file.png")}
-    args = [subs.get(a, a) for a in args]
-    assert main(["--model-dir", str(tmp_path), *args]) == 2
+    extra = [subs.get(a, a) for a in extra]
+    assert main(quantize_args(model_files.fp32, tmp_path / "o.onnx", *extra)) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: directory not found:") and args[-1] in err
+    assert err.startswith("error: directory not found:") and extra[-1] in err
+    assert not (tmp_path / "o.onnx").exists()
 
 
-def test_missing_directory_via_the_real_entry_point(tmp_path):
-    result = run_cli("--model-dir", tmp_path, "quantize", "--calibration-dir", tmp_path / "nope")
+def test_missing_directory_via_the_real_entry_point(model_files, tmp_path):
+    result = run_cli(*quantize_args(model_files.fp32, tmp_path / "o.onnx", "--calibration-dir", str(tmp_path / "nope")))
     assert result.returncode == 2
     assert "directory not found" in result.stderr and str(tmp_path / "nope") in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_missing_fp32_tells_to_run_build(tmp_path, capsys):
-    for command in ("quantize", "report"):
-        assert main(["--model-dir", str(tmp_path), command]) == 2
-        err = capsys.readouterr().err
-        assert "FP32 model not found" in err and str(ModelFiles(tmp_path).fp32) in err
-        assert "python -m app.models build" in err
-    assert not ModelFiles(tmp_path).int8.exists()
+def test_missing_fp32_is_named(tmp_path, capsys):
+    missing = tmp_path / "nope.onnx"
+    assert main(quantize_args(missing, tmp_path / "o.onnx")) == 2
+    err = capsys.readouterr().err
+    assert "FP32 model not found" in err and str(missing) in err
+    assert main(["report", "--model", str(missing), "--int8", str(missing), "--config", str(LOCAL)]) == 2
+    assert "FP32 model not found" in capsys.readouterr().err
 
 
 def test_corrupt_fp32_is_named(tmp_path):
-    files = ModelFiles(tmp_path)
-    files.fp32.write_bytes(b"\x00garbage, not a protobuf\xff" * 40)
-    for command in ("quantize", "report"):
-        result = run_cli("--model-dir", tmp_path, command)
-        assert result.returncode == 2, (command, result.stderr)
-        assert str(files.fp32) in result.stderr and "not a valid ONNX file" in result.stderr
-        assert "Traceback" not in result.stderr
-    assert not files.int8.exists()
-
-
-def test_corrupt_int8_is_named_by_report(model_files, tmp_path, capsys):
-    files = _copy_fp32(model_files, tmp_path)
-    files.int8.write_bytes(b"not onnx at all")
-    assert main(["--model-dir", str(tmp_path), "report"]) == 2
-    err = capsys.readouterr().err
-    assert "INT8 model" in err and str(files.int8) in err and "not a valid ONNX file" in err
-    assert not files.report_json.exists()
+    bad = tmp_path / "fp32.onnx"
+    bad.write_bytes(b"\x00garbage, not a protobuf\xff" * 40)
+    result = run_cli(*quantize_args(bad, tmp_path / "o.onnx"))
+    assert result.returncode == 2, result.stderr
+    assert str(bad) in result.stderr and "not a valid ONNX file" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "o.onnx").exists()
 
 
 def test_quantize_empty_calibration_dir(model_files, tmp_path, capsys):
-    _copy_fp32(model_files, tmp_path)
     (tmp_path / "calib").mkdir()
-    assert main(["--model-dir", str(tmp_path), "quantize", "--calibration-dir", str(tmp_path / "calib")]) == 2
+    assert main(quantize_args(model_files.fp32, tmp_path / "o.onnx", "--calibration-dir", str(tmp_path / "calib"))) == 2
     assert "no images" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args", [["quantize", "--method", "kmeans"], ["quantize", "--target", "gpu"]])
+def test_output_may_not_overwrite_the_fp32_model(model_files, tmp_path, capsys):
+    fp32 = tmp_path / "m.onnx"
+    shutil.copyfile(model_files.fp32, fp32)
+    assert main(quantize_args(fp32, fp32)) == 2
+    assert "is the FP32 model itself" in capsys.readouterr().err
+
+
+def _config(tmp_path: Path, model: dict) -> Path:
+    cfg = {"applications": [{"name": "mine", "import_path": "app.main:build_app", "args": {"model": model}}]}
+    path = tmp_path / "serve.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("model", "field"),
+    [
+        ({"name": "m", "preprocess": {"mean": [1, 2]}}, "model.preprocess.mean"),  # two means, a 3-channel graph
+        ({"name": "m", "preprocess": {"std": [128]}}, "model.preprocess.scale/mean/std"),  # the graph takes uint8
+        ({"name": "m", "preprocess": {"resize_shorter": 200, "crop": "center"}}, "model.preprocess.resize_shorter"),
+        ({"name": "m", "preprocess": {"color": "GRAY"}}, "model.preprocess.color"),
+        ({"name": "m", "labels_path": "{labels}"}, "model.labels_path"),  # 3 labels for 1000 classes
+    ],
+)
+def test_a_declaration_contradicting_the_graph_is_refused_naming_the_field(model_files, tmp_path, capsys, model, field):
+    (tmp_path / "labels.txt").write_text("a\nb\nc\n")
+    if model.get("labels_path") == "{labels}":
+        model = {**model, "labels_path": str(tmp_path / "labels.txt")}
+    args = ["quantize", "--model", str(model_files.fp32), "--config", str(_config(tmp_path, model))]
+    assert main([*args, "--output", str(tmp_path / "o.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {field}") and str(model_files.fp32) in err
+    assert not (tmp_path / "o.onnx").exists()  # refused before any calibration
+
+
+def test_config_errors_name_the_file_and_the_field(model_files, tmp_path, capsys):
+    bad = _config(tmp_path, {"name": "has space"})
+    assert main(["quantize", "--model", str(model_files.fp32), "--config", str(bad), "--output", "x"]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "model.name" in err
+    missing = ["quantize", "--model", str(model_files.fp32), "--config", str(tmp_path / "none.yaml"), "--output", "x"]
+    assert main(missing) == 2 and "config not found" in capsys.readouterr().err
+    other = ["quantize", "--model", str(model_files.fp32), "--config", str(bad), "--app", "other", "--output", "x"]
+    assert main(other) == 2 and "no application 'other'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["quantize", "--method", "kmeans"], ["quantize", "--target", "gpu"], ["quantize", "--model", "m.onnx"]],
+)
 def test_argparse_errors_exit_2(capsys, args):
     with pytest.raises(SystemExit) as exc:
         main(args)
     assert exc.value.code == 2
-    assert "invalid choice" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "invalid choice" in err or "the following arguments are required: --output, --config" in err

@@ -121,8 +121,10 @@ def test_metrics_reach_prometheus_with_labels_and_counts(local_app: ServeDeploye
         raise AssertionError(f"{e}; last scrape: {seen}") from None
     gate = [v for n, lab, v in samples if n == "ray_app_speed_gate_speedup" and lab["variant"] == "int8"]
     assert gate == [models["int8"]["speed_gate"]["speedup"]]
-    # Serve's own tags are on every sample
+    # Serve's own tags are on every sample, and the declared model's name on every one of the app's own
     assert all("deployment" in lab for n, lab, _ in samples if n.startswith("ray_app_"))
+    ours = [lab for n, lab, _ in samples if n.startswith("ray_app_") and not n.startswith("ray_app_rollout")]
+    assert ours and all(lab["model"] == "efficientnet_lite0" for lab in ours if lab["application"] == "classifier")
 
 
 def test_shadow_every_request_and_summary_counts_match(local_app: ServeDeployer, model_files: ModelFiles) -> None:

@@ -26,6 +26,7 @@ from app.pipeline.ports import ReplicaLost
 from app.pipeline.service import Pipeline
 from app.pipeline.shadow import Evidence, Shadow
 from app.routing import Choice, WeightedSplit
+from app.transform import Transform
 
 SPLIT = WeightedSplit({"fp32": 1.0, "int8": 1.0})
 
@@ -87,7 +88,7 @@ class FakeBackend:
         self.ledger: list[ABStats] = []
         self.ledger_down = False
 
-    def preprocess(self, images: list[bytes], size: int, wall_deadline: float) -> FakeCall:
+    def preprocess(self, images: list[bytes], transform: Transform, wall_deadline: float) -> FakeCall:
         self.groups.append(len(images))
 
         async def go() -> Pixels:
@@ -126,7 +127,13 @@ class FakeBackend:
 
     def describe(self, variant: str) -> FakeCall:
         async def go() -> dict[str, Any]:
-            return {"input": {"size": [224, 224]}}
+            return {"input": {"size": [224, 224], "transform": Transform.square(224).to_dict()}}
+
+        return FakeCall(go())
+
+    def labels(self, variant: str) -> FakeCall:
+        async def go() -> list[str]:
+            return [f"class_{i}" for i in range(256)]
 
         return FakeCall(go())
 

@@ -10,17 +10,18 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from app.graph import read_graph
 from app.models import ModelFiles
 from app.models import report as report_module
-from app.models.quantize import QuantizeOptions, input_name, quantize, tensorrt_problems
+from app.models.quantize import QuantizeOptions, builtin_model, quantize, tensorrt_problems
 from app.models.report import (
     BATCH_SIZES,
     build_report,
     compare,
     graph_summary,
     qdq_as_written,
+    report_paths,
     resolve_label,
-    tensorrt_section,
     time_batches,
     to_markdown,
 )
@@ -132,7 +133,7 @@ def test_quantize_rejects_an_unknown_calibration_method(model_files, tmp_path):
     with pytest.raises(ValueError, match="calibration method"):
         quantize(model_files.fp32, tmp_path / "x.onnx", [], QuantizeOptions(method="kmeans"))
     assert not (tmp_path / "x.onnx").exists()
-    assert input_name(model_files.fp32) == "image"
+    assert read_graph(model_files.fp32).input_name == "image"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,13 +220,6 @@ def test_tensorrt_artifact_agrees_with_fp32_on_the_sample_photographs(trt_model,
     agree = int(np.sum(fp32.argmax(1) == trt.argmax(1)))
     assert agree >= 4, f"the TensorRT INT8 agrees with FP32 on {agree}/5 photographs"
     assert not np.allclose(fp32, trt)
-    # the report's section says the same, and what ORT's fused CPU kernels make of the graph besides
-    images = [report_module.EvalImage(n, b"", y) for n, y in EVAL_PHOTOS.items()]
-    section = tensorrt_section(fp32, trt_model, x, images, [str(i) for i in range(1000)], LIGHT)
-    assert section["quality"]["top1_agree_count"] == agree and section["quality"]["images"] == 5
-    assert 0 <= section["cpu_kernels_top1_agree_count"] <= 5
-    assert [p["trt_top1"] for p in section["per_image"]] == trt.argmax(1).tolist()
-    assert all(0 < p["trt_top1_prob"] <= 1 for p in section["per_image"])
 
 
 def test_quantize_tensorrt_target_checks(model_files, tmp_path):
@@ -287,25 +281,30 @@ def _fake_rows(runner, batch_sizes, budget_s=1.5):
 
 def test_build_report(model_files, monkeypatch, tmp_path):
     monkeypatch.setattr(report_module, "time_batches", _fake_rows)
-    labels = model_files.labels.read_text().splitlines()
-    assert len(labels) == 1000 and labels[285] == "Egyptian cat"
-    r = build_report(model_files.fp32, model_files.int8, labels, threads=1, extra={"calibration": {"x": 1}})
+    model = builtin_model()
+    calibration = augmented_samples(3, 0)
+    r = build_report(model_files.fp32, model_files.int8, model, "cpu", calibration, threads=1, extra={"x": 1})
     assert {"machine", "threads", "provider", "eval_set", "models", "quality", "per_image", "latency"} <= set(r)
-    assert r["threads"] == 1 and r["provider"] == "CPUExecutionProvider" and r["calibration"] == {"x": 1}
-    assert r["machine"]["cpus"] >= 1
+    assert r["threads"] == 1 and r["provider"] == "CPUExecutionProvider" and r["x"] == 1
+    assert r["machine"]["cpus"] >= 1 and r["model"]["name"] == "efficientnet_lite0" and r["target"] == "cpu"
+    assert "fused QDQ kernels" in r["evaluated_as"] and r["other_path"]["name"].startswith("Q/DQ computed as written")
     # the models: Q/DQ only in INT8, Conv computed in FP32 only in the FP32 model
     fp32, int8 = r["models"]["fp32"], r["models"]["int8"]
     assert fp32["quantize_linear"] == fp32["dequantize_linear"] == 0
     assert int8["quantize_linear"] > 0 and int8["dequantize_linear"] > 0
     assert fp32["fp32_op_types"]["Conv"] == 49 and "Conv" not in int8["fp32_op_types"]
     assert int8["bytes"] < fp32["bytes"] / 3
-    # quality on the five sample photographs
+    # quality on the five sample photographs, prepared as the declaration serves them
     q = r["quality"]
     assert q["images"] == 5 and q["top1_agree_count"] >= 4 and q["top1_agreement"] == q["top1_agree_count"] / 5
-    assert q["labelled_images"] == 3 and q["fp32_top1_accuracy"] == 1.0
+    assert q["labelled_images"] == 3
+    labelled = [p for p in r["per_image"] if p["label"] is not None]
+    assert q["fp32_top1_accuracy"] == sum(p["fp32_top1"] == p["label"] for p in labelled) / 3
     assert 0 <= q["top5_overlap"] <= 1 and q["mean_kl_divergence"] >= 0 and q["mean_abs_top1_prob_delta"] >= 0
-    chelsea = next(p for p in r["per_image"] if p["image"] == "chelsea")
-    assert chelsea["label"] == chelsea["fp32_top1"] == 285 and chelsea["fp32_top1_label"] == "Egyptian cat"
+    coffee = next(p for p in r["per_image"] if p["image"] == "coffee")
+    assert coffee["label"] == coffee["fp32_top1"] == 967 and coffee["fp32_top1_label"] == "espresso"
+    # the calibration images too
+    assert r["calibration_quality"]["images"] == 3
     # latency for every batch size, speed-up = FP32 p50 / INT8 p50
     assert tuple(BATCH_SIZES) == (1, 8, 16, 32)
     for variant in ("fp32", "int8"):
@@ -316,34 +315,31 @@ def test_build_report(model_files, monkeypatch, tmp_path):
     for n in (1, 8, 16, 32):
         assert f"\n| {n} | {4.0 * n:.1f} |" in md
     assert f"({q['top1_agree_count']}/5)" in md and "top-1 accuracy FP32 / INT8 (3 labelled)" in md
+    assert "on the 3 calibration images" in md and md.startswith("efficientnet_lite0: efficientnet_lite0-fp32.onnx")
     report_module.write_report(r, tmp_path / "r.json", tmp_path / "r.md")
     assert json.loads((tmp_path / "r.json").read_text()) == json.loads(json.dumps(r))
     assert (tmp_path / "r.md").read_text() == md
+    assert [p.name for p in report_paths(tmp_path / "m-int8.onnx")] == ["m-int8.report.json", "m-int8.report.md"]
 
 
-def test_build_report_covers_the_tensorrt_artifact(model_files, trt_model, monkeypatch):
+def test_build_report_of_the_tensorrt_artifact(model_files, trt_model, monkeypatch):
     monkeypatch.setattr(report_module, "time_batches", _fake_rows)
-    labels = model_files.labels.read_text().splitlines()
-    r = build_report(model_files.fp32, model_files.int8, labels, threads=1, batch_sizes=(1,), int8_trt=trt_model)
-    # the CPU INT8's keys as before; the TensorRT INT8 adds a graph summary and a section
-    assert {"models", "quality", "per_image", "latency", "int8_speedup_by_batch", "tensorrt"} <= set(r)
-    assert set(r["models"]) == {"fp32", "int8", "int8_trt"}
-    m = r["models"]["int8_trt"]
+    r = build_report(model_files.fp32, trt_model, builtin_model(), "tensorrt", threads=1, batch_sizes=(1,))
+    # judged as TensorRT computes it (Q/DQ as written); ORT's fused kernels beside it; no CPU timings
+    assert (
+        "session.disable_quant_qdq=1" in r["evaluated_as"] and r["other_path"]["name"] == "ORT's fused S8S8 CPU kernels"
+    )
+    assert "latency" not in r and "calibration_quality" not in r
+    m = r["models"]["int8"]
     assert m["quantize_linear"] == 68 and m["dequantize_linear"] == 118 and m["nodes"] == 284
     assert "Conv" not in m["fp32_op_types"] and m["bytes"] < r["models"]["fp32"]["bytes"] / 3
-    t = r["tensorrt"]
-    assert "session.disable_quant_qdq=1" in t["evaluated_as"]
-    assert t["quality"]["images"] == 5 and t["quality"]["top1_agree_count"] >= 4
-    assert [p["image"] for p in t["per_image"]] == list(EVAL_PHOTOS)
-    chelsea = r["per_image"][0]
-    assert chelsea["image"] == "chelsea" and 0 < chelsea["int8_top1_prob"] <= 1 and 0 < chelsea["fp32_top1_prob"] <= 1
+    assert r["quality"]["images"] == 5 and r["quality"]["top1_agree_count"] >= 4
+    assert [p["image"] for p in r["per_image"]] == list(EVAL_PHOTOS)
+    assert all(0 < p["int8_top1_prob"] <= 1 and 0 < p["fp32_top1_prob"] <= 1 for p in r["per_image"])
     md = to_markdown(r)
-    assert "TensorRT INT8 (efficientnet_lite0-int8-trt.onnx" in md
-    assert "| QuantizeLinear / DequantizeLinear | 68 / 118 |" in md
-    assert f"| top-1 agreement with FP32 | {t['quality']['top1_agreement']:.3f} " in md
-    assert "ORT's fused S8S8 CPU kernels" in md
-    # without the artifact, no section (the report of a directory that has only the CPU INT8)
-    assert "TensorRT" not in to_markdown({k: v for k, v in r.items() if k != "tensorrt"})
+    assert "against its INT8 build efficientnet_lite0-int8-trt.onnx (target tensorrt)" in md
+    assert "| QuantizeLinear / DequantizeLinear | - | 68 / 118 |" in md
+    assert "belongs to TensorRT on a GPU" in md and "ORT's fused S8S8 CPU kernels" in md
     assert json.loads(json.dumps(r)) == r
 
 

@@ -17,20 +17,21 @@ from app.panels import PANELS
 from benchmarks.dashboard import Prometheus, fetch, render
 
 APP = 'application="classifier"'
+MODEL = APP + ',model="efficientnet_lite0"'  # the app's own metrics carry the declared model's name
 
 
 def exposition(n: int) -> str:
     """The n-th scrape: each scrape adds 10 requests (and 1 refusal), 10 latencies (2 <= 10 ms, 8 in (10, 100]),
     10 batches (5 of 1, 2 of 2, 3 of 4 images) and 10 shadow comparisons (9 agree)."""
     lines = [
-        f'ray_app_requests_total{{{APP},variant="int8",status="200"}} {10 * n}',
-        f'ray_app_requests_total{{{APP},variant="int8",status="503"}} {n}',
-        f'ray_app_errors_total{{{APP},code="overloaded"}} {n}',
-        f'ray_app_batch_images_total{{{APP},variant="int8"}} {18 * n}',
-        f'ray_app_batches_total{{{APP},variant="int8"}} {10 * n}',
-        f'ray_app_batch_size_count{{{APP},variant="int8"}} {10 * n}',
-        f'ray_app_shadow_total{{{APP},pair="fp32|int8",outcome="agree"}} {9 * n}',
-        f'ray_app_shadow_total{{{APP},pair="fp32|int8",outcome="disagree"}} {n}',
+        f'ray_app_requests_total{{{MODEL},variant="int8",status="200"}} {10 * n}',
+        f'ray_app_requests_total{{{MODEL},variant="int8",status="503"}} {n}',
+        f'ray_app_errors_total{{{MODEL},code="overloaded"}} {n}',
+        f'ray_app_batch_images_total{{{MODEL},variant="int8"}} {18 * n}',
+        f'ray_app_batches_total{{{MODEL},variant="int8"}} {10 * n}',
+        f'ray_app_batch_size_count{{{MODEL},variant="int8"}} {10 * n}',
+        f'ray_app_shadow_total{{{MODEL},pair="fp32|int8",outcome="agree"}} {9 * n}',
+        f'ray_app_shadow_total{{{MODEL},pair="fp32|int8",outcome="disagree"}} {n}',
         f'ray_serve_deployment_replica_healthy{{{APP},deployment="Router"}} 1',
         f"ray_app_rollout_candidate_weight{{{APP}}} 50",
         f'ray_app_rollout_agreement_bound{{{APP},end="lower"}} 0.96',
@@ -40,9 +41,9 @@ def exposition(n: int) -> str:
         'ray_component_rss_mb{Component="ray::ServeReplica:classifier:Router",ip="127.0.0.1"} 200',
     ]
     for le, c in (("10", 2), ("100", 10), ("+Inf", 10)):
-        lines.append(f'ray_app_stage_latency_ms_bucket{{{APP},stage="total",variant="int8",le="{le}"}} {c * n}')
+        lines.append(f'ray_app_stage_latency_ms_bucket{{{MODEL},stage="total",variant="int8",le="{le}"}} {c * n}')
     for le, c in (("1", 5), ("2", 7), ("4", 10), ("+Inf", 10)):
-        lines.append(f'ray_app_batch_size_bucket{{{APP},variant="int8",le="{le}"}} {c * n}')
+        lines.append(f'ray_app_batch_size_bucket{{{MODEL},variant="int8",le="{le}"}} {c * n}')
     return "\n".join(lines) + "\n"
 
 

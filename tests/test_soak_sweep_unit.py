@@ -293,7 +293,7 @@ def test_every_promql_names_only_metrics_the_app_or_ray_serve_exports() -> None:
     for needle in (
         "rate(ray_app_requests_total",
         "histogram_quantile(0.99, sum by (le, stage, variant) (rate(ray_app_stage_latency_ms_bucket",
-        'ray_app_shadow_total{application=~"$application", outcome="agree"}',
+        'ray_app_shadow_total{application=~"$application", model=~"$model", outcome="agree"}',
         "ray_app_batch_size_bucket",
         "ray_serve_deployment_replica_healthy",
     ):
@@ -309,6 +309,8 @@ def test_the_soak_queries_the_grafana_expressions_with_the_variables_filled_in()
         assert not re.search(r"\$(?!1\b)", local), local  # only label_replace's $1 is left
         assert local.count("(") == expr.count("(")
     share = next(t.expr for p in PANELS if p.share for t in p.targets)
-    assert "[601s]" in local_expr(share, 600.4) and '{application=~".*", variant=~".*"}' in local_expr(share, 1)
+    assert "[601s]" in local_expr(share, 600.4) and '{application=~".*", model=~".*", variant=~".*"}' in local_expr(
+        share, 1
+    )
     assert legend("{{variant}} {{ status }}", {"variant": "int8", "status": "503"}) == "int8 503"
     assert legend("", {"variant": "fp32"}) == "fp32"

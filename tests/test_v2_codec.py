@@ -26,6 +26,8 @@ from app.config import Limits
 from app.errors import STATUS, ServiceError
 
 HW = (224, 224)
+MODEL = "efficientnet_lite0"  # the built-in model's declared name (args.model.name)
+AB_MODEL, INT8_MODEL, FP32_MODEL = (v2.model_name_for(MODEL, v) for v in (None, "int8", "fp32"))
 LIMITS = Limits()
 LABELS = [f"label_{i}" for i in range(1000)]
 # Stand-ins for encoded files: JPEG/PNG magic, bytes that are not UTF-8, a zero byte inside.
@@ -77,7 +79,7 @@ def _code(exc: pytest.ExceptionInfo[ServiceError]) -> tuple[str, int]:
 
 
 def test_model_names_come_from_base_and_variants() -> None:
-    assert (v2.AB_MODEL, v2.INT8_MODEL, v2.FP32_MODEL) == (
+    assert (v2.model_name_for(MODEL), v2.model_name_for(MODEL, "int8"), v2.model_name_for(MODEL, "fp32")) == (
         "efficientnet_lite0",
         "efficientnet_lite0-int8",
         "efficientnet_lite0-fp32",
@@ -141,12 +143,14 @@ def test_server_metadata_lists_only_what_is_implemented() -> None:
 
 
 def test_model_metadata_from_the_classifier_spec() -> None:
-    # Exactly what Classifier.describe()["input"] returns for the built-in model.
+    # What Classifier.describe()["input"] returns for the built-in model (the keys the metadata reads).
     spec: dict[str, Any] = {
-        "input": {"name": "image", "shape": ["N", 224, 224, 3], "dtype": "tensor(uint8)"},
         "size": [224, 224],
+        "channels": 3,
+        "classes": 1000,
+        "graph": {"input": {"name": "image", "shape": [-1, 224, 224, 3], "dtype": "uint8", "layout": "NHWC"}},
     }
-    meta = v2.model_metadata(v2.INT8_MODEL, ["1"], spec, 1000)
+    meta = v2.model_metadata(INT8_MODEL, ["1"], spec, 1000)
     assert meta["name"] == "efficientnet_lite0-int8" and meta["versions"] == ["1"] and meta["platform"] == "onnx_onnxv1"
     assert meta["inputs"] == [
         {"name": "image_bytes", "datatype": "BYTES", "shape": [-1, 1]},
@@ -157,8 +161,11 @@ def test_model_metadata_from_the_classifier_spec() -> None:
         {"name": "probabilities", "datatype": "FP32", "shape": [-1, 1000]},
         {"name": "top_k", "datatype": "BYTES", "shape": [-1, -1]},
     ]
-    assert v2.image_hw(spec["input"]) == (224, 224)  # the bare input entry works too
     assert v2.model_metadata("m", ["1"], {"size": [96, 128]}, None)["outputs"][0]["shape"] == [-1, -1]
+    # a one-channel model's pixels are [N, H, W, 1]; its classes come from its graph
+    grey = v2.model_metadata("digits", ["1"], {"size": [28, 28], "channels": 1}, 10)
+    assert grey["inputs"][1]["shape"] == [-1, 28, 28, 1] and grey["outputs"][0]["shape"] == [-1, 10]
+    assert v2.image_shape({"size": [28, 28], "channels": 1}) == (28, 28, 1) and v2.image_shape(spec) == (224, 224, 3)
     json.dumps(meta)  # plain JSON
 
 
@@ -214,7 +221,7 @@ def test_no_outputs_requested_returns_all_three_binary() -> None:
 
     logits, probs = _fake_model(2)
     out, headers = v2.encode_infer_response(
-        req, v2.AB_MODEL, LABELS, logits=logits, probabilities=probs, parameters={"variant": "int8"}
+        req, AB_MODEL, LABELS, logits=logits, probabilities=probs, parameters={"variant": "int8"}
     )
     assert headers["Content-Type"] == "application/octet-stream"
     assert int(headers[v2.HEADER_LENGTH]) < len(out)
@@ -239,7 +246,7 @@ def test_requested_outputs_only_mixed_binary_and_json() -> None:
     req = _parse(body, hl)
     assert not req.needs_logits and req.needs_probabilities
     _, probs = _fake_model(1, seed=3)
-    out, headers = v2.encode_infer_response(req, v2.FP32_MODEL, LABELS, probabilities=probs)
+    out, headers = v2.encode_infer_response(req, FP32_MODEL, LABELS, probabilities=probs)
     result = _result(out, headers)
     assert [o["name"] for o in result.get_response()["outputs"]] == ["probabilities", "top_k"]
     assert result.as_numpy("logits") is None
@@ -254,7 +261,7 @@ def test_all_json_response_is_application_json() -> None:
     req = _parse(body, hl)
     assert req.top_k == 4
     logits, probs = _fake_model(1)
-    out, headers = v2.encode_infer_response(req, v2.INT8_MODEL, LABELS, logits=logits, probabilities=probs)
+    out, headers = v2.encode_infer_response(req, INT8_MODEL, LABELS, logits=logits, probabilities=probs)
     assert headers == {"Content-Type": "application/json"}
     result = _result(out, headers)
     np.testing.assert_allclose(result.as_numpy("logits"), logits, rtol=1e-7)
@@ -274,7 +281,7 @@ def test_classification_extension_on_probabilities_and_logits() -> None:
     req = _parse(body, hl)
     assert not req.needs_probabilities and req.needs_logits and req.max_k == 3
     logits, probs = _fake_model(3)
-    result = _result(*v2.encode_infer_response(req, v2.AB_MODEL, LABELS, logits=logits, probabilities=probs))
+    result = _result(*v2.encode_infer_response(req, AB_MODEL, LABELS, logits=logits, probabilities=probs))
     cls = result.as_numpy("probabilities")
     assert cls.shape == (3, 3) and result.get_output("probabilities")["datatype"] == "BYTES"
     for r in range(3):

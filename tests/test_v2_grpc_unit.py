@@ -21,6 +21,7 @@ from app.errors import STATUS, ServiceError
 from app.inferstats import ModelStatsTable
 
 LIMITS = Limits()
+AB_MODEL = "efficientnet_lite0"  # the A/B model's V2 name is the declared model name
 SIZE = (224, 224)
 LABELS = [f"class{i}" for i in range(10)]
 
@@ -28,7 +29,7 @@ LABELS = [f"class{i}" for i in range(10)]
 def request(inputs: list[InferInput], outputs: list[InferRequestedOutput] | None = None, **params: Any) -> Any:
     """A ModelInferRequest exactly as tritonclient.grpc's InferenceServerClient.infer builds it."""
     return triton_utils._get_inference_request(
-        v2.AB_MODEL, inputs, "", "req-1", outputs, 0, False, False, 0, None, params or None
+        AB_MODEL, inputs, "", "req-1", outputs, 0, False, False, 0, None, params or None
     )
 
 
@@ -54,11 +55,11 @@ def test_pixels_as_raw_contents_arrive_as_the_same_array() -> None:
 
 
 def test_typed_contents_are_taken_too() -> None:
-    msg = pb.ModelInferRequest(model_name=v2.AB_MODEL)
+    msg = pb.ModelInferRequest(model_name=AB_MODEL)
     t = msg.inputs.add(name=v2.IMAGE_BYTES_INPUT, datatype="BYTES", shape=[2])
     t.contents.bytes_contents.extend([b"a", b"bc"])
     assert v2_grpc.infer_request(msg, LIMITS, SIZE).images == [b"a", b"bc"]
-    msg = pb.ModelInferRequest(model_name=v2.AB_MODEL)
+    msg = pb.ModelInferRequest(model_name=AB_MODEL)
     t = msg.inputs.add(name=v2.IMAGE_INPUT, datatype="UINT8", shape=[1, 224, 224, 3])
     t.contents.uint_contents.extend([7] * (224 * 224 * 3))
     req = v2_grpc.infer_request(msg, LIMITS, SIZE)
@@ -73,7 +74,7 @@ def _refused(msg: Any) -> tuple[str, int]:
 
 
 def test_bad_requests_get_the_rest_endpoints_errors() -> None:
-    msg = pb.ModelInferRequest(model_name=v2.AB_MODEL)
+    msg = pb.ModelInferRequest(model_name=AB_MODEL)
     t = msg.inputs.add(name=v2.IMAGE_INPUT, datatype="UINT8", shape=[1, 224, 224, 3])
     t.contents.uint_contents.extend([256] + [0] * (224 * 224 * 3 - 1))
     assert _refused(msg) == ("invalid_tensor", 400)
@@ -83,7 +84,7 @@ def test_bad_requests_get_the_rest_endpoints_errors() -> None:
     two_raw = request([bytes_input([b"x"], [1])])
     two_raw.raw_input_contents.append(b"extra")
     assert _refused(two_raw) == ("bad_request", 400)
-    no_data = pb.ModelInferRequest(model_name=v2.AB_MODEL)
+    no_data = pb.ModelInferRequest(model_name=AB_MODEL)
     no_data.inputs.add(name=v2.IMAGE_BYTES_INPUT, datatype="BYTES", shape=[1])
     assert _refused(no_data) == ("invalid_tensor", 400)
     too_many = bytes_input([b"x"] * (LIMITS.max_batch_files + 1), [LIMITS.max_batch_files + 1])
@@ -102,7 +103,7 @@ def test_the_reply_reads_back_through_tritonclient() -> None:
     logits = np.random.default_rng(1).normal(size=(2, 10)).astype(np.float32)
     probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
     outputs = v2.compute_outputs(req, LABELS, logits=logits, probabilities=probs)
-    reply = v2_grpc.infer_response(v2.AB_MODEL, "1", req.id, outputs, {"variant": "int8", "failover": True})
+    reply = v2_grpc.infer_response(AB_MODEL, "1", req.id, outputs, {"variant": "int8", "failover": True})
     result = InferResult(reply)
     assert np.array_equal(result.as_numpy(v2.LOGITS), logits)
     assert np.allclose(result.as_numpy(v2.PROBABILITIES), probs)
@@ -142,7 +143,7 @@ DESCRIBED = {
 
 
 def test_model_config_is_triton_s_model_config_message() -> None:
-    cfg = v2_config.model_config(v2.INT8_MODEL, SPEC, 1000, 64, DESCRIBED)
+    cfg = v2_config.model_config(AB_MODEL + "-int8", SPEC, 1000, 64, DESCRIBED)
     msg = v2_grpc.model_config(cfg).config  # raises on any field Triton's ModelConfig does not have
     assert msg.max_batch_size == 64 and msg.platform == "onnxruntime_onnx"
     assert [(i.name, i.optional) for i in msg.input] == [(v2.IMAGE_BYTES_INPUT, True), (v2.IMAGE_INPUT, True)]
@@ -152,17 +153,37 @@ def test_model_config_is_triton_s_model_config_message() -> None:
     assert msg.parameters["variant"].string_value == "int8"
 
 
+def test_model_config_of_a_declared_float_nchw_model_names_its_graph() -> None:
+    """A PyTorch export: `image` is still uint8 NHWC at the graph's size; the graph's own input is a parameter."""
+    spec = {
+        "size": [240, 240],
+        "channels": 3,
+        "classes": 10,
+        "graph": {"input": {"name": "input", "shape": [-1, 3, 240, 240], "dtype": "float32", "layout": "NCHW"}},
+        "transform": {"height": 240, "width": 240, "channels": 3, "resize_shorter": 274, "interpolation": "cubic",
+                      "color": "RGB"},
+        "prologue": {"steps": ["Transpose", "Cast", "Conv"], "scale": [0.0078125] * 3, "shift": [0.99] * 3},
+    }  # fmt: skip
+    cfg = v2_config.model_config("lite1-fp32", spec, 10, 64, {**DESCRIBED, "model": "lite1"})
+    msg = v2_grpc.model_config(cfg).config
+    assert list(msg.input[1].dims) == [240, 240, 3] and list(msg.output[0].dims) == [10]
+    assert msg.parameters["model"].string_value == "lite1"
+    assert msg.parameters["graph_input"].string_value == "input float32 NCHW [3,240,240]"
+    assert msg.parameters["prologue"].string_value == "Transpose > Cast > Conv"
+    assert "resize_shorter=274" in msg.parameters["preprocess"].string_value
+
+
 def test_statistics_add_up_across_routers_and_parse_as_triton_s_message() -> None:
     a, b = ModelStatsTable(), ModelStatsTable()
     timings = {"total_s": 0.05, "queue_s": 0.01, "input_s": 0.02, "infer_s": 0.015, "output_s": 0.001}
-    a.success(v2.AB_MODEL, 16, 1000, **timings)
-    b.success(v2.AB_MODEL, 1, 2000, **timings)
-    b.failure(v2.AB_MODEL, 0.002)
+    a.success(AB_MODEL, 16, 1000, **timings)
+    b.success(AB_MODEL, 1, 2000, **timings)
+    b.failure(AB_MODEL, 0.002)
     a.merge(b)
-    stats = a.triton([v2.AB_MODEL, v2.FP32_MODEL], "1")
+    stats = a.triton([AB_MODEL, AB_MODEL + "-fp32"], "1")
     msg = v2_grpc.model_statistics(stats)
     ab, fp32 = msg.model_stats
-    assert (ab.name, ab.version, ab.inference_count, ab.execution_count) == (v2.AB_MODEL, "1", 17, 2)
+    assert (ab.name, ab.version, ab.inference_count, ab.execution_count) == (AB_MODEL, "1", 17, 2)
     assert ab.last_inference == 2000
     assert ab.inference_stats.success.count == 2 and ab.inference_stats.success.ns == 100_000_000
     assert ab.inference_stats.compute_infer.ns == 30_000_000 and ab.inference_stats.fail.count == 1
@@ -170,7 +191,7 @@ def test_statistics_add_up_across_routers_and_parse_as_triton_s_message() -> Non
 
 
 def test_metadata_messages_parse() -> None:
-    meta = v2_grpc.model_metadata(v2.model_metadata(v2.AB_MODEL, ["1"], SPEC, 1000))
+    meta = v2_grpc.model_metadata(v2.model_metadata(AB_MODEL, ["1"], SPEC, 1000))
     assert [(i.name, i.datatype) for i in meta.inputs] == [(v2.IMAGE_BYTES_INPUT, "BYTES"), (v2.IMAGE_INPUT, "UINT8")]
     server = v2_grpc.server_metadata(v2.server_metadata("0.1.0"))
     assert "statistics" in server.extensions and "model_configuration" in server.extensions

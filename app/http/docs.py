@@ -29,7 +29,7 @@ ASSETS: dict[str, tuple[str | None, str]] = {
 }
 INIT_JS = """window.addEventListener("load", function () {
   window.ui = SwaggerUIBundle({
-    url: "/openapi.json",
+    url: "openapi.json",
     dom_id: "#swagger-ui",
     deepLinking: true,
     validatorUrl: null,
@@ -44,12 +44,12 @@ PAGE = f"""<!DOCTYPE html>
 <meta charset="utf-8">
 <title>Image classification API</title>
 <link rel="icon" href="data:,">
-<link rel="stylesheet" href="{ASSETS_AT}swagger-ui.css">
+<link rel="stylesheet" href="{ASSETS_AT[1:]}swagger-ui.css">
 </head>
 <body>
 <div id="swagger-ui"></div>
-<script src="{ASSETS_AT}swagger-ui-bundle.js"></script>
-<script src="{ASSETS_AT}init.js"></script>
+<script src="{ASSETS_AT[1:]}swagger-ui-bundle.js"></script>
+<script src="{ASSETS_AT[1:]}init.js"></script>
 </body>
 </html>
 """
@@ -87,11 +87,14 @@ class Docs:
 
     async def openapi(self, request: Request) -> Response:
         cfg = self.ing.config
-        key = (cfg.sticky_header, cfg.override_header, tuple(self.ing.variants))
+        root = request.scope.get("root_path") or ""  # the application's route_prefix, when it is not "/"
+        key = (cfg.sticky_header, cfg.override_header, tuple(self.ing.variants), root)
         if self._spec is None or self._spec[0] != key:  # the header names are live config
             doc = build_openapi(
                 self.ing.limits, cfg.sticky_header, cfg.override_header, self.ing.variants, asset_media()
             )
+            if root:  # "Try it out" sends to the application's prefix, not the host's root
+                doc["servers"] = [{"url": root}]
             self._spec = (key, json.dumps(doc, separators=(",", ":")).encode())
         return Response(self._spec[1], media_type="application/json")
 

@@ -120,14 +120,14 @@ class GRPC:
                 f"the request carries {size} bytes of tensors; the limit is {ing.limits.max_body_bytes}",
             )
         pipeline = ing.pipeline
-        model = v2.model_name_for(ing.args.model_name, pinned)
+        model = v2.model_name_for(ing.args.model.name, pinned)
         async with pipeline.admitted(size, ing.user(headers)):
             choice = ing.choose(headers, pinned)
             spec = await pipeline.spec(choice.variant)
-            req = v2_grpc.infer_request(msg, ing.limits, v2.image_hw(spec))
+            req = v2_grpc.infer_request(msg, ing.limits, v2.image_shape(spec))
             outcome = await self.rest.run(req, choice, t0)
         encoded_from = time.perf_counter()
-        outputs, parameters = self.rest.outputs(req, outcome)
+        outputs, parameters = await self.rest.outputs(req, outcome)
         reply = v2_grpc.infer_response(model, v2.DEFAULT_VERSION, req.id, outputs, parameters)
         self.rest.account(ENDPOINT, model, req, outcome, t0, encoded_from)
         return reply

@@ -43,7 +43,6 @@ class Ingress:
         args: AppArgs,
         backend: Backend,
         variants: list[str],
-        labels: list[str],
         replica: str,
         decoder_state: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
@@ -53,9 +52,8 @@ class Ingress:
         self.limits = args.limits
         self.variants = variants  # the Classifiers
         self.known = frozenset([*variants, *args.cascades])  # what a request can be routed to
-        self.labels = labels
         self.replica = replica
-        self.metrics = RouterMetrics()
+        self.metrics = RouterMetrics(args.model.name)
         self.replies = Replies(self.metrics)
         self.rng = random.Random()
         self.pipeline = Pipeline(
@@ -174,7 +172,7 @@ class Ingress:
     # -- dispatch ------------------------------------------------------------------------
 
     async def __call__(self, request: Request) -> Response:
-        path = request.url.path.rstrip("/") or "/"
+        path = app_path(request).rstrip("/") or "/"
         is_v2 = path.startswith("/v2")
         try:
             raw_path = request.scope.get("raw_path") or request.url.path.encode()
@@ -281,6 +279,13 @@ class Ingress:
         for name, shelf in (self.capture.describe() if self.capture is not None else {}).items():
             out[name]["capture"] = shelf
         return out
+
+
+def app_path(request: Request) -> str:
+    """The request's path within this application: Serve puts the application's route_prefix in the ASGI
+    `root_path` and leaves it in `path` too, so an app deployed at /lite1 sees /lite1/v1/classify as /v1/classify."""
+    path, root = request.url.path, request.scope.get("root_path") or ""
+    return path[len(root) :] or "/" if root and path.startswith(root) else path
 
 
 def _headers(request: Request | Headers) -> Headers:

@@ -31,7 +31,7 @@ class RolloutAPI:
         return await pipeline.ask(pipeline.backend.rollout(method, *args), 10.0)
 
     async def get(self, request: Request) -> Response:
-        return json_response(await self._call("get"))
+        return json_response({"model": self.ing.args.model.name, **await self._call("get")})
 
     async def start(self, request: Request) -> Response:
         raw = await self.ing.receive(request, MAX_SPEC_BYTES)
@@ -43,7 +43,7 @@ class RolloutAPI:
             raise ServiceError("bad_request", "the rollout spec must be a JSON object")
         ing = self.ing
         router = {"config_id": ing.config_id, "weights": ing.base.weights if ing.base else None}
-        return json_response(await self._call("start", body, router), 202)
+        return json_response({"model": ing.args.model.name, **await self._call("start", body, router)}, 202)
 
     async def abort(self, request: Request) -> Response:
-        return json_response(await self._call("abort"))
+        return json_response({"model": self.ing.args.model.name, **await self._call("abort")})

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.config import Limits
+from app.declaration import ModelDeclaration
 from app.errors import STATUS
 from app.rollout.spec import RolloutSpec
 
@@ -228,6 +229,7 @@ class CascadeInfo(_CascadeBase):
 class ABSummary(_Body):
     """GET /v1/ab/summary: the A/B evidence of every Router since `since`."""
 
+    model: str | None = Field(None, description="the declared model's name (GET /v1/ab/summary)")
     since: float = Field(description="Unix time of the start or the last reset")
     variants: dict[str, VariantEvidence]
     pairs: dict[str, PairEvidence] = Field(description='key "a|b", the two variant names sorted')
@@ -272,17 +274,71 @@ class Batching(_Body):
     max_concurrent_batches: int
 
 
-class TensorInfo(_Body):
+class GraphInput(_Body):
     name: str
-    shape: list[int | str | None] = Field(description="symbolic dimensions as names, or null")
-    dtype: str
+    shape: list[int] = Field(description="-1 for a symbolic dimension (the batch)")
+    dtype: Literal["uint8", "float32", "float16"]
+    layout: Literal["NCHW", "NHWC"]
+
+
+class GraphOutput(_Body):
+    name: str
+    shape: list[int] = Field(description="-1 for a symbolic dimension (the batch)")
+    classes: int | None
+
+
+class GraphInfo(_Body):
+    """The model's own graph, as its file declares it."""
+
+    input: GraphInput
+    output: GraphOutput
+
+
+class PixelsInfo(_Body):
+    """What the Classifier takes: the Preprocessor's output, and the V2 `image` input."""
+
+    dtype: Literal["uint8"]
+    shape: list[int] = Field(description="[-1, H, W, C]")
+    order: Literal["RGB", "BGR", "GRAY"]
+
+
+class TransformInfo(_Body):
+    """The Preprocessor's half of the declaration at the graph's size (app/transform.py)."""
+
+    height: int
+    width: int
+    channels: int
+    resize_shorter: int | None
+    interpolation: Literal["area", "linear", "cubic"]
+    color: Literal["RGB", "BGR", "GRAY"]
+
+
+class NormalisationInfo(_Body):
+    scale: float
+    mean: list[float]
+    std: list[float]
+
+
+class PrologueInfo(_Body):
+    """The ops folded in front of the graph at load (app/models/prologue.py): y = x * scale - shift."""
+
+    steps: list[str]
+    scale: list[float] | None
+    shift: list[float] | None
 
 
 class InputSpec(_Body):
-    input: TensorInfo
-    outputs: list[str]
-    layout: Literal["NCHW", "NHWC"]
     size: tuple[int, int] = Field(description="[height, width]")
+    channels: int
+    classes: int | None
+    pixels: PixelsInfo
+    graph: GraphInfo
+    transform: TransformInfo
+    normalisation: NormalisationInfo
+    output: Literal["logits", "probabilities"]
+    file: str = Field(description="the variant's model file")
+    served_file: str = Field(description="the file the engine loads: the model file, or its copy with the prologue")
+    prologue: PrologueInfo
 
 
 class OpenVinoInfo(_Body):
@@ -309,6 +365,7 @@ class VariantInfo(_VariantBase):
     """A variant as its Classifier replica describes itself."""
 
     variant: str
+    model: str = Field(description="the declared model's name")
     model_file: str
     precision: Literal["fp32", "int8"]
     engine: str = Field(description="the engine serving: cpu, cuda, tensorrt or openvino")
@@ -382,6 +439,7 @@ class ModelsResponse(_Body):
     """GET /v1/models: the variants, the A/B policy, the limits and this Router replica's counters."""
 
     model: str
+    declaration: ModelDeclaration = Field(description="args.model as deployed")
     variants: dict[str, VariantInfo | VariantUnreachable]
     routing: RoutingInfo
     limits: Limits
@@ -414,6 +472,7 @@ class RolloutStep(_Body):
 class RolloutState(_Body):
     """GET /v1/rollout (and the answer to starting or aborting one)."""
 
+    model: str = Field(description="the declared model's name")
     state: Literal["idle", "running", "promoted", "rolled_back", "aborted"]
     step: int | None = Field(description="index into spec.steps")
     weights: dict[str, float] | None = Field(description="the weights the Routers route by now")

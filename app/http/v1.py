@@ -64,15 +64,17 @@ class V1:
                 images = [reading.single_image(raw, content_type)]
             choice = ing.choose(request)
             # The header pre-check on every image; a refused one fails only its own entry.
-            refused, pixels = reading.check_images(images, ing.limits, ing.pipeline.known_size(choice.variant))
+            refused, pixels = reading.check_images(images, ing.limits, ing.pipeline.known_target(choice.variant))
             ing.observe_pixels(pixels)
             sent = [i for i in range(len(images)) if i not in refused]
             if not batch and refused:
                 raise refused[0]
             outcome = Outcome(choice.variant, choice.reason, False, {}, {})
+            labels: list[str] = []
             try:
                 if sent:
                     outcome = await ing.pipeline.classify(choice, [images[i] for i in sent], top_k, received)
+                    labels = await ing.pipeline.labels()  # fetched once, with the first answer
             except ServiceError as e:
                 return self._failed(endpoint, rid, e, e.variant or choice.variant)
         timings = {"receive": ms(received - t0), **outcome.timings(), "total": ms(time.perf_counter() - t0)}
@@ -85,7 +87,7 @@ class V1:
             if pos in outcome.errors:
                 results[i] = self._entry_error(endpoint, outcome.errors[pos])
             else:
-                results[i] = self._result(outcome, pos, f"{rid}-{i}" if batch else rid, top_k)
+                results[i] = self._result(outcome, pos, f"{rid}-{i}" if batch else rid, top_k, labels)
         ing.pipeline.evidence.stats.record_request(outcome.variant, timings["total"], ok=True)
         logger.info(
             "classify request_id=%s variant=%s status=200 total_ms=%.1f", rid, outcome.variant, timings["total"]
@@ -113,14 +115,13 @@ class V1:
         self.ing.metrics.errors.inc(tags={"endpoint": endpoint, "code": err.code})
         return {**err.body(), "status": err.status}
 
-    def _result(self, o: Outcome, pos: int, rid: str, top_k: int) -> dict[str, Any]:
-        labels = self.ing.labels
+    def _result(self, o: Outcome, pos: int, rid: str, top_k: int, labels: list[str]) -> dict[str, Any]:
         body: dict[str, Any] = {
             "request_id": rid,
             "variant": o.variant,
-            "model": self.ing.args.model_name,
+            "model": self.ing.args.model.name,
             "predictions": [
-                {"class_id": c, "label": labels[c] if c < len(labels) else str(c), "score": round(p, 6)}
+                {"class_id": c, "label": labels[c] if c < len(labels) else f"class_{c}", "score": round(p, 6)}
                 for c, p in o.top[pos][:top_k]
             ],
             "routing": o.routing,
@@ -179,7 +180,8 @@ class V1:
             c |= {**share, "description": ing.args.cascades[name].description}
         return json_response(
             {
-                "model": ing.args.model_name,
+                "model": ing.args.model.name,
+                "declaration": ing.args.model.model_dump(),
                 "variants": variants,
                 "routing": routing,
                 "limits": ing.limits.model_dump(),
@@ -194,7 +196,7 @@ class V1:
         if pipeline.cascades.states:  # their evidence is the ledger's too: the thresholds as of this moment
             await ing.refit_cascades()
             summary["cascades"] = pipeline.cascades.describe(with_curve=True)
-        return json_response(summary)
+        return json_response({"model": ing.args.model.name, **summary})
 
     async def ab_reset(self, request: Request) -> Response:
         """Zero the A/B counters (POST /v1/ab/reset); returns the summary as it was."""

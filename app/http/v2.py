@@ -25,7 +25,7 @@ from app.parse_pool import parse_request
 from app.payloads import Pixels
 from app.pipeline.service import Outcome, ms
 from app.routing import Choice
-from app.runtime.outputs import softmax
+from app.runtime.outputs import probabilities as as_probabilities
 
 logger = logging.getLogger("ray.serve")
 ENDPOINT = "/v2/infer"
@@ -67,7 +67,7 @@ class V2:
         stats = self.ing.pipeline.evidence.stats
         if e.status >= 500 and e.variant:  # a variant's failure counts against it in the A/B evidence
             stats.record_request(e.variant, 0.0, ok=False)
-        if model in v2.model_names(self.ing.args.model_name, self.ing.variants):
+        if model in v2.model_names(self.ing.args.model.name, self.ing.variants):
             stats.models.failure(model, elapsed_s)
 
     async def server_metadata(self, request: Request, params: Params) -> Response:
@@ -85,7 +85,7 @@ class V2:
 
     def pin(self, model: str, version: str | None) -> str | None:
         """The variant a V2 model name pins (None: A/B routed); 404 for an unknown name or version."""
-        return v2.resolve_model(model, self.ing.args.model_name, self.ing.variants, version)
+        return v2.resolve_model(model, self.ing.args.model.name, self.ing.variants, version)
 
     async def model_ready(self, request: Request, params: Params) -> Response:
         pinned = self._pinned(params)
@@ -98,7 +98,7 @@ class V2:
     async def metadata_of(self, model: str, version: str | None) -> dict[str, Any]:
         """The protocol's model metadata of one V2 model (REST and gRPC alike)."""
         spec = await self.ing.pipeline.spec(self.pin(model, version) or self.ing.variants[0])
-        return v2.model_metadata(model, [v2.DEFAULT_VERSION], spec, len(self.ing.labels) or None)
+        return v2.model_metadata(model, [v2.DEFAULT_VERSION], spec, spec.get("classes"))
 
     async def model_config(self, request: Request, params: Params) -> Response:
         return json_response(await self.config_of(params["model"], params.get("version") or None))
@@ -109,7 +109,7 @@ class V2:
         variant = self.pin(model, version) or ing.variants[0]
         spec = await ing.pipeline.spec(variant)
         described = await ing.pipeline.ask(ing.pipeline.backend.describe(variant), 5.0)
-        return v2_config.model_config(model, spec, len(ing.labels) or None, ing.limits.max_batch_files, described)
+        return v2_config.model_config(model, spec, spec.get("classes"), ing.limits.max_batch_files, described)
 
     async def model_stats(self, request: Request, params: Params) -> Response:
         return json_response(await self.stats_of(params.get("model") or None, params.get("version") or None))
@@ -117,7 +117,7 @@ class V2:
     async def stats_of(self, model: str | None, version: str | None) -> dict[str, Any]:
         """Triton's statistics of one V2 model, or of every one: the ledger's totals and this Router's unsent part."""
         ing = self.ing
-        names = list(v2.model_names(ing.args.model_name, ing.variants))
+        names = list(v2.model_names(ing.args.model.name, ing.variants))
         if model is not None:
             self.pin(model, version)  # 404 for an unknown name or version
             names = [model]
@@ -147,16 +147,16 @@ class V2:
         raw = await ing.receive(request, json_limit if header_length is None and not compressed else body_limit)
         pipeline = ing.pipeline
         received = time.perf_counter()  # the deadline runs from the body's arrival, a wait for admission included
-        model = v2.model_name_for(ing.args.model_name, pinned)
+        model = v2.model_name_for(ing.args.model.name, pinned)
         async with pipeline.admitted(len(raw), ing.user(request)):
             choice = ing.choose(request, pinned)
             body = await ing.inflate(raw, encoding, json_limit if header_length is None else body_limit)
             spec = await pipeline.spec(choice.variant)
             remaining = received + ing.config.inference_timeout_s - time.perf_counter()
-            req = await parse_request(ing.parsers, body, header_length, ing.limits, v2.image_hw(spec), remaining)
+            req = await parse_request(ing.parsers, body, header_length, ing.limits, v2.image_shape(spec), remaining)
             outcome = await self.run(req, choice, received)
         encoded_from = time.perf_counter()
-        outputs, parameters = self.outputs(req, outcome)
+        outputs, parameters = await self.outputs(req, outcome)
         out, headers = v2.build_infer_response(
             model, v2.DEFAULT_VERSION, req.id, outputs, req.binary_outputs, parameters
         )
@@ -168,8 +168,8 @@ class V2:
         ing, pipeline = self.ing, self.ing.pipeline
         full = req.needs_logits or req.needs_probabilities
         if req.images is not None:
-            size = await pipeline.input_size(choice.variant)
-            refused, pixels = reading.check_images(req.images, ing.limits, size)
+            target = (await pipeline.transform(choice.variant)).decode_target
+            refused, pixels = reading.check_images(req.images, ing.limits, target)
             ing.observe_pixels(pixels)
             if refused:  # the protocol has no per-item errors: the first refusal fails the request
                 raise refused[min(refused)]
@@ -183,13 +183,14 @@ class V2:
             raise outcome.errors[min(outcome.errors)]
         return outcome
 
-    def outputs(self, req: v2.InferRequest, outcome: Outcome) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    async def outputs(self, req: v2.InferRequest, outcome: Outcome) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """The requested output tensors and the response parameters (which variant answered, and why)."""
         logits = outcome.logits
-        probabilities = softmax(logits) if req.needs_probabilities and logits is not None else None
+        kind = self.ing.args.model.output
+        probabilities = as_probabilities(logits, kind) if req.needs_probabilities and logits is not None else None
         outputs = v2.compute_outputs(
             req,
-            self.ing.labels,
+            await self.ing.pipeline.labels(),
             logits=logits,
             probabilities=probabilities,
             top=[outcome.top[i] for i in sorted(outcome.top)],

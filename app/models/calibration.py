@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,19 +54,26 @@ def sample_directory(root: Path, n: int, seed: int = 0) -> list[LabelledImage]:
 
 
 class ImageCalibrationReader(CalibrationDataReader):
-    """Feeds preprocessed images to quantize_static in batches, through the server's `preprocess`."""
+    """Feeds quantize_static the graph's own input in batches: `prepare` turns encoded images into it, as served
+    (app.model_io.Preparation); by default the server's `preprocess`, squashed to `size`, uint8 NHWC."""
 
-    def __init__(self, images: Sequence[bytes], input_name: str, size: int = 224, batch_size: int = 8) -> None:
+    def __init__(
+        self,
+        images: Sequence[bytes],
+        input_name: str,
+        size: int = 224,
+        batch_size: int = 8,
+        prepare: Callable[[Sequence[bytes]], np.ndarray] | None = None,
+    ) -> None:
         self.images = images
         self.input_name = input_name
-        self.size = size
+        self.prepare = prepare or (lambda chunk: np.stack([preprocess(b, size) for b in chunk]))
         self.batch_size = batch_size
         self._iter: Iterator[dict[str, np.ndarray]] | None = None
 
     def _batches(self) -> Iterator[dict[str, np.ndarray]]:
         for i in range(0, len(self.images), self.batch_size):
-            chunk = self.images[i : i + self.batch_size]
-            yield {self.input_name: np.stack([preprocess(b, self.size) for b in chunk])}
+            yield {self.input_name: self.prepare(self.images[i : i + self.batch_size])}
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         if self._iter is None:

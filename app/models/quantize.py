@@ -26,7 +26,10 @@ from onnx import numpy_helper
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from app.models import TARGETS, Target
+from app.declaration import ModelDeclaration
+from app.graph import read_graph
+from app.model_io import Preparation
+from app.models import BUILTIN_MODEL, TARGETS, Target
 from app.models.build import atomic_write
 from app.models.calibration import ImageCalibrationReader
 from app.models.u8s8 import PairFit, limit_pairs
@@ -81,12 +84,6 @@ class QuantizeOptions:
     pair_limit: bool = True  # cpu target: weights the U8S8 kernels cannot overflow (app.models.u8s8)
 
 
-def input_name(model_path: Path) -> str:
-    model = onnx.load(str(model_path), load_external_data=False)
-    inits = {i.name for i in model.graph.initializer}
-    return next(i.name for i in model.graph.input if i.name not in inits)
-
-
 def default_opset(model_path: Path) -> int:
     model = onnx.load(str(model_path), load_external_data=False)
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
@@ -132,10 +129,21 @@ def tensorrt_problems(model: onnx.ModelProto) -> list[str]:
     return problems
 
 
+def builtin_model() -> ModelDeclaration:
+    """The built-in model's declaration (the one configs/local.yaml spells out)."""
+    return ModelDeclaration.model_validate(BUILTIN_MODEL)
+
+
 def quantize(
-    fp32: Path, int8: Path, calibration: Sequence[bytes], opts: QuantizeOptions, size: int = 224
+    fp32: Path,
+    int8: Path,
+    calibration: Sequence[bytes],
+    opts: QuantizeOptions,
+    model: ModelDeclaration | None = None,
 ) -> PairFit | None:
-    """Write the INT8 model; for the cpu target with `pair_limit`, say what the U8S8 pair limit rescaled."""
+    """Write the INT8 build of `fp32`, calibrated on `calibration` prepared exactly as `model` declares and serves
+    (app.model_io.Preparation; default: the built-in model's declaration). For the cpu target with `pair_limit`,
+    say what the U8S8 pair limit rescaled."""
     if opts.method not in METHODS:
         raise ValueError(f"calibration method {opts.method!r} is not one of {sorted(METHODS)}")
     if opts.target not in PROFILES:
@@ -144,7 +152,9 @@ def quantize(
         raise ValueError(f"{fp32} is opset {opset}; the tensorrt target needs opset >= {MIN_TENSORRT_OPSET}")
     profile = PROFILES[opts.target]
     op_types = list(opts.op_types) if opts.op_types else profile.op_types
-    reader = ImageCalibrationReader(calibration, input_name(fp32), size=size)
+    graph = read_graph(fp32)
+    prepare = Preparation(model or builtin_model(), graph)
+    reader = ImageCalibrationReader(calibration, graph.input_name, prepare=prepare)
     extra = dict(profile.extra_options)
     if opts.method == "percentile":
         extra["CalibPercentile"] = 99.999

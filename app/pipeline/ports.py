@@ -6,6 +6,7 @@ from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from app.payloads import Pixels, Scores
+from app.transform import Transform
 
 
 class Call(Awaitable[Any], Protocol):
@@ -26,8 +27,9 @@ class Backend(Protocol):
     """The decode (a Preprocessor, or the Router's own), the Classifiers and the A/B ledger, as the pipeline sees
     them."""
 
-    def preprocess(self, images: list[bytes], size: int, wall_deadline: float) -> Call:
-        """Decode and resize; the answer (Pixels) is passed on to `classify` without coming back here."""
+    def preprocess(self, images: list[bytes], transform: Transform, wall_deadline: float) -> Call:
+        """Decode, resize and crop as the model declares; the answer (Pixels) is passed on to `classify` without
+        coming back here."""
         ...
 
     def classify(self, variant: str, pixels: Call | Pixels, top_k: int, full: bool, rows: list[int] | None) -> Call:
@@ -35,6 +37,10 @@ class Backend(Protocol):
         ...
 
     def describe(self, variant: str) -> Call: ...
+
+    def labels(self, variant: str) -> Call:
+        """The model's labels, one per class, as the variant's Classifier resolved them."""
+        ...
 
     def ready(self, variant: str) -> Call: ...
 

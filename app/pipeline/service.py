@@ -30,6 +30,7 @@ from app.pipeline.failover import Failover
 from app.pipeline.ports import Backend, Call, PipelineMetrics, ReplicaLost
 from app.pipeline.shadow import SHADOW_TOP_K, Evidence, Shadow
 from app.routing import Choice, WeightedSplit
+from app.transform import Transform
 
 logger = logging.getLogger("ray.serve")
 Top = list[tuple[int, float]]  # (class_id, probability), best first
@@ -107,6 +108,7 @@ class Pipeline:
         self._limits: Limits | None = None
         self.split: WeightedSplit | None = None
         self._specs: dict[str, dict[str, Any]] = {}
+        self._labels: list[str] | None = None
 
     def configure(self, settings: RouterConfig, split: WeightedSplit) -> None:
         self.settings, self.split = settings, split
@@ -184,9 +186,9 @@ class Pipeline:
         """Once per cascade: `then` takes the pixels decoded for `first` (the same input size), else no escalation."""
         if cascade.checked:
             return
-        first, then = await self.spec(cascade.first), await self.spec(cascade.then)
-        if first["size"] != then["size"]:
-            cascade.problem = f"{cascade.first} takes {first['size']} pixels and {cascade.then} {then['size']}"
+        first, then = await self.transform(cascade.first), await self.transform(cascade.then)
+        if first != then:
+            cascade.problem = f"{cascade.first} takes {first.shape} pixels and {cascade.then} {then.shape}"
             logger.error("cascade %s cannot escalate: %s", cascade.name, cascade.problem)
         cascade.checked = True
 
@@ -203,9 +205,9 @@ class Pipeline:
         full = key[2]
 
         async def attempt(variant: str, deadline: float, abort: asyncio.Event | None) -> tuple[Scores, Call]:
-            size = await self.input_size(variant)
+            transform = await self.transform(variant)
             # The deadline goes as wall-clock time: perf_counter means nothing in another process.
-            pixels = self.backend.preprocess(images, size, wall_deadline(deadline))
+            pixels = self.backend.preprocess(images, transform, wall_deadline(deadline))
             call = self.backend.classify(variant, pixels, top_k, full, None)
             left = deadline - time.perf_counter()
             return await self.failover.call(call, left, pixels, abort=abort, variant=variant), pixels
@@ -262,13 +264,28 @@ class Pipeline:
             self._specs[variant] = info["input"]
         return self._specs[variant]
 
-    async def input_size(self, variant: str) -> int:
-        return int((await self.spec(variant))["size"][0])
+    async def transform(self, variant: str) -> Transform:
+        """How the variant's model wants its images: input size, resize, crop, channel order (its Classifier's)."""
+        return Transform.from_dict((await self.spec(variant))["transform"])
 
-    def known_size(self, variant: str) -> int | None:
-        """The input size if known already (no call: a header check must not wait for one)."""
+    def known_target(self, variant: str) -> int | None:
+        """The side a decode keeps for this variant, if known already (no call: a header check must not wait)."""
         spec = self._specs.get(self.classifier_of(variant))
-        return int(spec["size"][0]) if spec else None
+        return Transform.from_dict(spec["transform"]).decode_target if spec else None
+
+    async def labels(self) -> list[str]:
+        """The model's labels, one per class, from the first Classifier that answers (every variant shares them)."""
+        if self._labels is None:
+            errors = []
+            for variant in self.variants:
+                try:
+                    self._labels = list(await self.ask(self.backend.labels(variant), 10.0))
+                    break
+                except ServiceError as e:
+                    errors.append(e)
+            else:
+                raise errors[0]
+        return self._labels
 
     async def ready(self, variants: list[str]) -> dict[str, bool]:
         states = await asyncio.gather(*(self.ask(self.backend.ready(v), 2.0) for v in variants), return_exceptions=True)

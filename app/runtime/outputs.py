@@ -13,6 +13,11 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return z
 
 
+def probabilities(scores: np.ndarray, output: str) -> np.ndarray:
+    """A model's output rows as probabilities: softmax of `logits`, or `probabilities` rows as they are."""
+    return softmax(scores) if output == "logits" else np.asarray(scores, dtype=np.float32)
+
+
 def top_k(probs: np.ndarray, k: int) -> list[tuple[int, float]]:
     """The k most probable (class id, probability) of one row, best first."""
     k = min(k, probs.shape[-1])

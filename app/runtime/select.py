@@ -195,7 +195,7 @@ def check_int8_placement(variant: str, opts: RuntimeOptions, engine: Engine) -> 
     if counts.get(CUDA, 0) > counts.get(TENSORRT, 0):
         raise ModelLoadError(
             f"{slow_int8_message(variant)} (TensorRT took {counts.get(TENSORRT, 0)} nodes, CUDA {counts.get(CUDA)}: "
-            "is this the TensorRT artifact, efficientnet_lite0-int8-trt.onnx?)"
+            "is this a TensorRT build, from `python -m app.models quantize --target tensorrt`?)"
         )
 
 

@@ -20,12 +20,13 @@ class ModelSpec:
     height: int
     width: int
     layout: str  # "NHWC" or "NCHW"
+    channels: int = 3
 
     def sample_shape(self) -> tuple[int, int, int]:
         """One image's shape (no batch dimension)."""
         if self.layout == "NHWC":
-            return (self.height, self.width, 3)
-        return (3, self.height, self.width)
+            return (self.height, self.width, self.channels)
+        return (self.channels, self.height, self.width)
 
     def batch_shape(self, n: int) -> tuple[int, ...]:
         return (n, *self.sample_shape())
@@ -47,11 +48,14 @@ def spec_from_io(inputs: Sequence[tuple[str, tuple[Any, ...], str]], outputs: Se
     shape = tuple(d if isinstance(d, int) else None for d in raw_shape)
     if len(shape) != 4:
         raise ModelLoadError(f"input {name!r} has shape {list(raw_shape)}; an image batch needs 4 dimensions")
-    layout = "NHWC" if shape[3] in (1, 3) else "NCHW"
-    h, w = (shape[1], shape[2]) if layout == "NHWC" else (shape[2], shape[3])
-    if not isinstance(h, int) or not isinstance(w, int):
-        raise ModelLoadError(f"input {name!r} needs a fixed spatial size, has {list(raw_shape)}")
-    return ModelSpec(name, tuple(raw_shape), dtype, tuple(outputs), h, w, layout)
+    if shape[1] in (1, 3) and shape[3] not in (1, 3):  # the rule of app.graph, which reads the file
+        layout, (c, h, w) = "NCHW", shape[1:]
+    else:
+        layout, (h, w, c) = "NHWC", shape[1:]
+    if not isinstance(h, int) or not isinstance(w, int) or c not in (1, 3):
+        raise ModelLoadError(f"input {name!r} needs a fixed spatial size and 1 or 3 channels, has {list(raw_shape)}")
+    assert isinstance(c, int)
+    return ModelSpec(name, tuple(raw_shape), dtype, tuple(outputs), h, w, layout, c)
 
 
 def read_onnx_input(path: str) -> tuple[str, tuple[int, ...]] | None:
