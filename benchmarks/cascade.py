@@ -28,6 +28,7 @@ import cv2
 import numpy as np
 
 from app.cascade import MarginEvidence, curve, escalate, fit_threshold, margin
+from app.models import builtin_transform
 from app.models.samples import available_photos, sample_bytes
 from app.preprocess import preprocess
 from app.runtime import open_engine, softmax, top_k
@@ -86,7 +87,7 @@ def cpu_s(fn: Any, *args: Any) -> tuple[Any, float]:
 
 def run(per_photo: int, models: Path = REPO / "models", engine: str = "auto") -> dict[str, Any]:
     images = corpus(per_photo)
-    pixels, decode_s = cpu_s(lambda: np.stack([preprocess(data, 224) for _, data in images]))
+    pixels, decode_s = cpu_s(lambda: np.stack([preprocess(data, builtin_transform()) for _, data in images]))
     opts = {"prefer_gpu": False, "threads": 1, "engine": engine}
     engines = {
         v: open_engine(v, str(models / f"efficientnet_lite0-{v}.onnx"), RuntimeOptions(**opts, precision=v))

@@ -21,11 +21,13 @@ from typing import Any
 import numpy as np
 import psutil
 
-from app.models import default_files
+from app.models import builtin_transform, default_files
 from app.preprocess import preprocess
 from app.runtime import OrtEngine, RuntimeOptions, onnxruntime_engine
 from benchmarks.corpus import build_corpus
 from benchmarks.environment import usable_cores
+
+SERVED = builtin_transform()  # the built-in model's declared transform: what the app's decode does
 
 BATCHES = (1, 16)
 
@@ -49,10 +51,10 @@ def _work_parts() -> tuple[list[bytes], OrtEngine]:
 def _work(batch: int, start_at: float, seconds: float) -> int:
     """Decode + FP32 inference in batches of `batch`, from `start_at` (time.time) for `seconds`: images done."""
     corpus, engine = _work_parts()
-    engine.logits(np.stack([preprocess(data) for data in corpus[:batch]]))  # warm
+    engine.logits(np.stack([preprocess(data, SERVED) for data in corpus[:batch]]))  # warm
     done, i = 0, 0
     while (now := time.time()) < start_at + seconds:
-        engine.logits(np.stack([preprocess(corpus[(i + j) % len(corpus)]) for j in range(batch)]))
+        engine.logits(np.stack([preprocess(corpus[(i + j) % len(corpus)], SERVED) for j in range(batch)]))
         i += batch
         done += batch if now >= start_at else 0
     return done
@@ -71,8 +73,8 @@ def ceiling(seconds: float = 4.0, batch: int = 16) -> float:
 def floor(at_least_s: float = 1.0, ceiling_s: float = 4.0) -> dict[str, Any]:
     """CPU ms per image of the decode and of FP32 inference (batch 1 and 16), and the machine's ceiling."""
     corpus, engine = _work_parts()
-    decode_ms = cpu_ms(lambda: [preprocess(data) for data in corpus], at_least_s) / len(corpus)
-    pixels = np.stack([preprocess(data) for data in corpus[: max(BATCHES)]])
+    decode_ms = cpu_ms(lambda: [preprocess(data, SERVED) for data in corpus], at_least_s) / len(corpus)
+    pixels = np.stack([preprocess(data, SERVED) for data in corpus[: max(BATCHES)]])
     infer_ms = {n: cpu_ms(lambda n=n: engine.logits(pixels[:n]), at_least_s) / n for n in BATCHES}
     per_image = decode_ms + infer_ms[16]
     cores = usable_cores()

@@ -26,6 +26,7 @@ HEADERS = ["model", "batch", "ORT CPU EP img/s", "OpenVINO img/s", "OpenVINO / O
 
 
 def bench_model(path: Path) -> dict[str, Any]:
+    from app.models import builtin_transform
     from app.models.samples import available_photos, sample_bytes
     from app.preprocess import preprocess
     from app.runtime import RuntimeOptions, measure_alternating
@@ -33,7 +34,7 @@ def bench_model(path: Path) -> dict[str, Any]:
     from app.runtime.select import build
 
     names = sorted(available_photos())
-    photos = np.stack([preprocess(sample_bytes(n), size=224) for n in names])
+    photos = np.stack([preprocess(sample_bytes(n), builtin_transform()) for n in names])
     opts = RuntimeOptions(threads=THREADS, streams=PARALLEL, prefer_gpu=False)
     # Each engine as it is, built directly: a replica's plan would move weights that can overflow U8S8 kernels
     # (the TensorRT artifact here) to ORT's U8U8 kernels and refuse OpenVINO, and this table shows why.

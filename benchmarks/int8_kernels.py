@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from app.models import builtin_transform
 from app.models.quantize import QuantizeOptions, quantize
 from app.models.report import DISABLE_QDQ_FUSION
 from app.models.samples import augmented_samples
@@ -56,7 +57,7 @@ def timed(engine: Any, pixels: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 def run(per_photo: int) -> dict[str, Any]:
-    pixels = np.stack([preprocess(data, 224) for _, data in corpus(per_photo)])
+    pixels = np.stack([preprocess(data, builtin_transform()) for _, data in corpus(per_photo)])
     reference, fp32_rate = timed(build(str(MODELS / "efficientnet_lite0-fp32.onnx"), ONE_THREAD, cpu_choice()), pixels)
     rows = [{"build": "FP32", "way": "ORT fused", "agreement": 1.0, "img_per_s": round(fp32_rate, 1)}]
     with tempfile.TemporaryDirectory() as tmp:

@@ -67,6 +67,7 @@ def bench_variant(
     variant: str, path: str, device: str, threads: int, batch_sizes: Sequence[int], timing: dict[str, Any]
 ) -> dict[str, Any]:
     """Load one model and time it at every batch size. Meant to run in a fresh process."""
+    from app.models import builtin_transform
     from app.preprocess import preprocess
     from app.runtime import onnxruntime_engine
     from benchmarks.corpus import build_corpus
@@ -75,7 +76,7 @@ def bench_variant(
 
     # Real photographs, preprocessed as the server does, tiled up to each batch size; made before loading, so
     # the model's memory figure leaves them out.
-    images = [preprocess(im.data, 224) for im in build_corpus(((640, 480),))]
+    images = [preprocess(im.data, builtin_transform()) for im in build_corpus(((640, 480),))]
     inputs = {n: np.stack([images[i % len(images)] for i in range(n)]) for n in batch_sizes}
     opts = runtime_options(device, threads)
     device_before = gpu_used_mib(opts.device_id) if opts.prefer_gpu else None

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from app.cascade import MarginEvidence, curve, fit_threshold, margin
+from app.models import builtin_transform
 from app.models.quantize import QuantizeOptions, quantize
 from app.models.samples import augmented_samples
 from app.preprocess import preprocess
@@ -62,7 +63,7 @@ def judge(int8: np.ndarray, fp32_top1: np.ndarray, fit: slice, held: slice) -> d
 
 def run(per_photo: int, models: Path = REPO / "models") -> dict[str, Any]:
     images = corpus(per_photo)
-    pixels = np.stack([preprocess(data, 224) for _, data in images])
+    pixels = np.stack([preprocess(data, builtin_transform()) for _, data in images])
     fit, held = slice(0, None, 2), slice(1, None, 2)
     fp32_model, default_int8 = models / "efficientnet_lite0-fp32.onnx", models / "efficientnet_lite0-int8.onnx"
     fp32_top1 = probabilities(fp32_model, "fp32", pixels).argmax(axis=1)

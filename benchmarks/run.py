@@ -52,7 +52,8 @@ APP_CONFIGS = (
     "localsplit",
     "noqueue",
     "paceonly",
-)  # configs/local.yaml, as is or changed
+    "lite1",
+)  # configs/local.yaml, as is or changed; lite1: configs/examples/efficientnet-lite1.yaml (a user's own model)
 # else /healthz; Triton's /v2/health/ready answers 200 before the model has loaded
 READY = {**dict.fromkeys(APP_CONFIGS, "/readyz"), "triton_peer": f"/v2/models/{MODEL_NAME}/ready"}
 TRITON_VENV = ".venv-triton"
@@ -96,6 +97,7 @@ TARGETS = [
     Target("triton", "Triton (PyTriton), ORT's CPU EP", "triton_peer", 8106, ("v2", "v2batch"), False, one_model=True),
     Target("litserve", "LitServe + ONNX Runtime, batching", "litserve_peer", 8109, ("sweep", "batch"), False),
     Target("nobatch", "this app, batching off", "nobatch", 8000, ("sweep",), sweep=(32,)),
+    Target("app_lite1", "this app, EfficientNet-Lite1 as declared", "lite1", 8000, ("batch",), pairs=3),
 ]
 # name: concurrency levels (empty: the target's sweep), images per request, protocol; FP32, "batch" INT8 too
 WORKLOADS = {"sweep": ((), 1, "v1"), "v2": (ENDS, 1, "v2"), "v2batch": ((8,), 16, "v2"), "batch": ((8,), 16, "v1")}
@@ -109,11 +111,15 @@ def write_config(directory: Path, kind: str) -> Path:
     that and the images decoded in a Preprocessor deployment of their own (prod.yaml's shape; local.yaml decodes in
     the Router; "localsplit": the Preprocessor without the engine change), for
     "noqueue", the Router's wait queue and refusal pacing off (a 503 at once beyond max_in_flight), for "paceonly",
-    the wait queue off and refusals paced."""
-    cfg = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
+    the wait queue off and refusals paced; "lite1": configs/examples/efficientnet-lite1.yaml, a user's own model
+    (its files made by the commands at the top of that file)."""
+    source = "examples/efficientnet-lite1.yaml" if kind == "lite1" else "local.yaml"
+    cfg = yaml.safe_load((REPO / "configs" / source).read_text())
     app = cfg["applications"][0]
     for v in app["args"]["variants"].values():
         v.update(model_path=str(REPO / v["model_path"]), **({"engine": "cpu"} if kind in ("ortcpu", "split") else {}))
+    if app["args"]["model"].get("labels_path"):
+        app["args"]["model"]["labels_path"] = str(REPO / app["args"]["model"]["labels_path"])
     if kind in ("split", "localsplit"):  # the Router's quarter CPU again, and the Preprocessor it had before decode_in
         app["args"]["decode_in"] = "preprocessor"
         app["deployments"][0]["ray_actor_options"]["num_cpus"] = 0.25

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse
 from app.config import Limits
 from app.errors import ServiceError
 from app.http import reading
-from app.models import MODEL_NAME, ModelFiles, default_files
+from app.models import MODEL_NAME, ModelFiles, builtin_transform, default_files
 from app.preprocess import preprocess
 from app.runtime import onnxruntime_engine, outputs
 from benchmarks.device import runtime_options
@@ -34,7 +34,8 @@ class Models:
         files, opts = files or default_files(), runtime_options(device, threads)
         self.runners = {"fp32": onnxruntime_engine(files.fp32, opts), "int8": onnxruntime_engine(files.int8, opts)}
         self.labels = files.labels.read_text().splitlines()
-        self.size = self.runners[DEFAULT_VARIANT].spec.height
+        # What the app serves the built-in model (configs/local.yaml's declaration), so every peer does its work.
+        self.transform = builtin_transform(self.runners[DEFAULT_VARIANT].spec.height)
 
     def health(self) -> dict[str, Any]:
         providers, threads = {v: r.active_provider for v, r in self.runners.items()}, self.runners["fp32"].opts.threads
@@ -77,7 +78,7 @@ def classify(models: Models, items: Sequence[tuple[bytes, str]]) -> list[Classif
     groups: dict[str, list[tuple[int, np.ndarray]]] = {}
     for i, (data, variant) in enumerate(items):
         try:
-            groups.setdefault(variant, []).append((i, preprocess(data, models.size)))
+            groups.setdefault(variant, []).append((i, preprocess(data, models.transform)))
         except ServiceError as e:
             out[i] = e
     for variant, group in groups.items():

@@ -1,8 +1,9 @@
 """NVIDIA Triton Inference Server as a benchmark peer, through PyTriton (nvidia-pytriton 0.7.0, which ships the real
 `tritonserver` binary and its Python backend). Only the serving path differs from the app: the same FP32 model file
-(app.models.default_files().fp32), the same decode (app.preprocess.preprocess: OpenCV, INTER_AREA to the model's
-size, uint8 RGB NHWC), the same engine (app.runtime.onnxruntime_engine: ONNX Runtime's CPU EP, one intra-op thread
-per instance) and the same softmax (app.runtime.outputs).
+(app.models.default_files().fp32), the same decode (app.preprocess.preprocess with the built-in model's declared
+transform, app.models.builtin_transform: OpenCV, shorter side to 256, centre 224, bicubic, uint8 RGB NHWC), the
+same engine (app.runtime.onnxruntime_engine: ONNX Runtime's CPU EP, one intra-op thread per instance) and the same
+softmax (app.runtime.outputs).
 
 Open Inference Protocol only (no /v1): model `efficientnet_lite0` (--model-name), input `image_bytes` BYTES (one
 encoded image per element, binary extension or JSON), output `top_k` FP32 [N, 1000] probabilities, which Triton's
@@ -82,7 +83,7 @@ def serve(port: int, model_name: str, instances: int, max_batch_size: int, queue
     from pytriton.models.model import Model
     from pytriton.triton import Triton, TritonConfig
 
-    from app.models import default_files
+    from app.models import builtin_transform, default_files
     from app.preprocess import preprocess
     from app.runtime import RuntimeOptions, onnxruntime_engine, outputs
 
@@ -103,11 +104,11 @@ def serve(port: int, model_name: str, instances: int, max_batch_size: int, queue
 
     def instance() -> object:
         engine = onnxruntime_engine(files.fp32, RuntimeOptions(threads=1, prefer_gpu=False))
-        size = engine.spec.height
+        served = builtin_transform(engine.spec.height)  # what the app serves the built-in model
 
         def infer(requests: list) -> list[dict[str, np.ndarray]]:
             counts = [len(r["image_bytes"]) for r in requests]
-            images = [preprocess(bytes(b), size) for r in requests for b in r["image_bytes"].reshape(-1)]
+            images = [preprocess(bytes(b), served) for r in requests for b in r["image_bytes"].reshape(-1)]
             probs = outputs.softmax(engine.logits(np.stack(images)).astype(np.float32))
             return [{"top_k": p} for p in np.split(probs, np.cumsum(counts)[:-1])]
 
