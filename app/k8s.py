@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from app.config import parse_serve_env
+from app.front import config_env
 from app.models import ModelFiles
 
 TEMPLATE = Path("k8s/templates/rayservice.yaml.in")
@@ -193,8 +194,10 @@ def render(root: Path) -> dict[Path, str]:
     serve_config = _read(root, PROD_CONFIG)
     ray = ray_version(pyproject)
     image = f"{IMAGE_NAME}:{image_tag(project_version(pyproject), ray, GPU_PLATFORM)}"
+    # Every container: configs/serve.env, and the admission front's limits from prod.yaml's args.front.
+    env = {**_read_env(root), **config_env(yaml.safe_load(serve_config))}
     return {
-        RAYSERVICE: render_rayservice(_read(root, TEMPLATE), serve_config, ray, image, _read_env(root)),
+        RAYSERVICE: render_rayservice(_read(root, TEMPLATE), serve_config, ray, image, env),
         CPU_PATCH: render_cpu_patch(serve_config),
     }
 

@@ -93,8 +93,24 @@ class RouterMetrics:
             "A cascade's margin threshold in force (auto: as fitted)",
             tag_keys=("cascade", "model"),
         )
+        self.front_active = Gauge(
+            "app_admission_front_active",
+            "1 for each HAProxy whose requests carried the admission front within the last minute, 0 once it stops",
+            tag_keys=("haproxy", "model"),
+        )
+        self.without_front = Counter(
+            "app_requests_without_front_total",
+            "HTTP requests that reached this Router without passing the admission front (direct, or it failed open)",
+            tag_keys=("model",),
+        )
         self.held = HeldGauges()
         name_model(self, model)
+
+    def admission_front(self, active: dict[str, bool], without: int) -> None:
+        """Once a second: each HAProxy's front, and the requests since the last call that came without one."""
+        self.held.replace(self.front_active, [({"haproxy": host}, 1 if on else 0) for host, on in active.items()])
+        if without:
+            self.without_front.inc(without)
 
     # The pipeline's PipelineMetrics (app/pipeline/ports.py).
     def cascade_images(self, cascade: str, outcome: str, n: int) -> None:

@@ -46,6 +46,7 @@ GRPC_CODES: dict[int, grpc.StatusCode] = {
     414: grpc.StatusCode.RESOURCE_EXHAUSTED,
     415: grpc.StatusCode.INVALID_ARGUMENT,
     422: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,  # gRPC's own mapping of HTTP 429 (doc/http-grpc-status-mapping.md)
     503: grpc.StatusCode.UNAVAILABLE,
     500: grpc.StatusCode.INTERNAL,
 }

@@ -32,7 +32,6 @@ import ray
 from ray import serve
 from ray.cluster_utils import Cluster
 
-from app.config import read_serve_env
 from app.front import Front
 from app.models import ModelFiles
 from app.models.samples import sample_bytes
@@ -310,7 +309,7 @@ def test_overload_at_four_times_capacity_sheds_in_the_fronts_time_and_stays_heal
     # CPU, and what no Router took within APP_FRONT_QUEUE_TIMEOUT_S is refused then, by HAProxy: not later (the
     # client's own lag included), and never past the Router's deadline. (Behind the front, below its limit, the
     # Router's own admission and paced refusals are tested in tests/test_hostile_http.py.)
-    front = Front.from_env(read_serve_env())
+    front = Front()  # local.yaml's args.front: the defaults
     router = next(d for d in cluster["cfg"]["applications"][0]["deployments"] if d["name"] == "Router")
     deadline_s = router["user_config"]["inference_timeout_s"]
     late = [t for t in shed if t >= front.queue_timeout_s + 1.0]

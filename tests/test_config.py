@@ -29,6 +29,19 @@ def test_shipped_configs_validate(name: str) -> None:
     assert set(args.variants) == {"int8", "fp32"}
 
 
+def test_the_front_is_checked_against_the_router_it_stands_before() -> None:
+    cfg = load_config("local.yaml")
+    cfg["applications"][0]["args"]["front"]["queue_timeout_s"] = 10
+    with pytest.raises(ValueError, match=r"args.front.queue_timeout_s \(10.0\) must be below .*inference_timeout_s"):
+        validate_serve_config(cfg)
+    cfg = load_config("local.yaml")
+    cfg["applications"][0]["args"]["front"]["maxconn_per_replica"] = 5000
+    with pytest.raises(ValueError, match=r"args.front.maxconn_per_replica \(5000\) exceeds .*max_ongoing_requests"):
+        validate_serve_config(cfg)
+    with pytest.raises(ValueError, match="buffer_bytes"):
+        AppArgs.model_validate({"front": {"buffer_bytes": 100}})
+
+
 @pytest.mark.parametrize("name", ["efficientnet-lite1.yaml", "imagenet-nchw.yaml"])
 def test_the_example_configs_of_your_own_model_validate(name: str) -> None:
     import yaml
@@ -59,9 +72,6 @@ def test_serve_env_is_read_as_key_value_lines(tmp_path: Path) -> None:
         "RAY_SERVE_HAPROXY_NBTHREAD": "1",
         "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": "201326592",
         "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE": "16777216",
-        "APP_FRONT_MAXCONN_PER_REPLICA": "128",
-        "APP_FRONT_QUEUE_TIMEOUT_S": "4",
-        "APP_FRONT_MAX_QUEUED": "0",
     }
     f = tmp_path / "x.env"
     f.write_text("# comment\n\nA_B=1\n  C=/tmp/x  \nEMPTY=\n")
@@ -76,7 +86,7 @@ def test_serve_env_is_read_as_key_value_lines(tmp_path: Path) -> None:
         ("A=1 2", "2: expected KEY=VALUE"),
         ("a=1", "2: expected KEY=VALUE"),
         ("A=1\nA=2", "3: A is set twice"),
-        ("APP_FRONT_QUEUE_TIMEOUT_S=-1", "APP_FRONT_QUEUE_TIMEOUT_S=-1.0: must be in"),
+        ("APP_FRONT_QUEUE_TIMEOUT_S=4", "2: APP_FRONT_QUEUE_TIMEOUT_S is the admission front's, set in the app config"),
     ],
 )
 def test_serve_env_refuses_what_make_python_and_kubernetes_would_read_differently(

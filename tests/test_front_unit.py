@@ -7,14 +7,20 @@ its timeout and the 503s are HAProxy's real behaviour.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import http.server
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,47 +35,16 @@ from app.front import (
     Front,
     Unrecognised,
     admit,
+    config_env,
+    env_of,
+    from_env,
     http_backends,
     real_haproxy,
     rewrite,
 )
+from app.front_config import HEADER, V1_408, V1_429, V2_408, parse_header
+from benchmarks.front_memory import serve_config
 from tests.conftest import REPO, free_port, wait_until
-
-
-def serve_config(tmp: Path, port: int, replica_port: int, replicas: int = 1, other_app: bool = False) -> str:
-    """The config Serve 2.60 writes for application `classifier` at / (HTTP and gRPC; with `other_app`, a second
-    at /other), Routers from `replica_port`. Its own ports (stats, metrics, gRPC, fallback) are free ones."""
-    from ray.serve._private.common import RequestProtocol
-    from ray.serve._private.haproxy import BackendConfig, HAProxyApi, HAProxyConfig, ServerConfig
-
-    cfg = HAProxyConfig(
-        socket_path=str(tmp / "admin.sock"),
-        server_state_base=str(tmp),
-        server_state_file=str(tmp / "server-state"),
-        stats_port=free_port(),
-        metrics_port=free_port(),
-        metrics_enabled=False,  # else HAProxy logs every request to Serve's shared metrics socket
-        has_received_routes=True,  # as once Serve's controller has sent them: /-/healthz then answers 200
-        has_received_servers=True,
-    )
-    cfg.http_options.host, cfg.http_options.port = "127.0.0.1", port
-    cfg.grpc_options.port = free_port()
-    cfg.grpc_options.grpc_servicer_functions = ["app.v2_grpc.add_servicer"]  # any: it only turns gRPC on
-    name = "SERVE_REPLICA_classifier-Router-{}"
-    servers = [ServerConfig(name.format(i), "127.0.0.1", replica_port + i) for i in range(replicas)]
-    fallback = ServerConfig("SERVE_PROXY_ACTOR-fallback", "127.0.0.1", free_port())
-    backends = {
-        "http": BackendConfig("http-classifier", "/", servers=servers, fallback_server=fallback, app_name="classifier"),
-        "grpc": BackendConfig(
-            "grpc-classifier", "/", servers=servers, app_name="classifier", protocol=RequestProtocol.GRPC
-        ),
-    }
-    if other_app:
-        other = [ServerConfig("SERVE_REPLICA_other-Ingress-0", "127.0.0.1", replica_port + replicas)]
-        backends["other"] = BackendConfig("http-other", "/other", servers=other, app_name="other")
-    api = HAProxyApi(cfg, backends, config_file_path=str(tmp / "haproxy.cfg"))
-    api._generate_config_file_internal()
-    return (tmp / "haproxy.cfg").read_text()
 
 
 def section(config: str, header: str) -> str:
@@ -94,9 +69,22 @@ def test_the_front_limits_each_router_and_queues_in_http_backends_only(tmp_path:
     first_route = front.index("\n    use_backend ")
     assert 0 < front.index("set-var(txn.front_busy)") < first_route
     assert "queue(" not in front  # max_queued 0: no refusal before the timeout
-    # Nothing else of Serve's changed.
-    added = [line for line in out.splitlines() if line not in config.splitlines()]
-    assert len(added) == 3 + 2 + 2  # the mark and two body picks, timeout + http-error, the two Routers' lines
+    # Nothing of Serve's removed; what is added: the frontend's rules, the global buffer, the backend's limits, the
+    # two Routers' maxconn and the per-client table.
+    assert all(line in out.splitlines() or "SERVE_REPLICA" in line for line in config.splitlines())
+    assert "    tune.bufsize 65536" in section(out, "global")
+    assert section(out, "backend app_front_clients").splitlines()[1].strip().startswith("stick-table type string")
+
+
+def test_server_template_lines_are_limited_too(tmp_path: Path) -> None:
+    """A Serve that declares its Routers with `server-template` (a pool HAProxy fills at run time) gets the same."""
+    config = serve_config(tmp_path, 18605, 38605)
+    line = next(x for x in config.splitlines() if x.strip().startswith("server SERVE_REPLICA"))
+    templated = config.replace(line, "    server-template SERVE_REPLICA_classifier-Router- 4 127.0.0.1:38605 check")
+    out = admit(templated, Front(maxconn_per_replica=9))
+    assert "    server-template SERVE_REPLICA_classifier-Router- 4 127.0.0.1:38605 check maxconn 9" in out
+    (tmp_path / "t.cfg").write_text(out)
+    assert subprocess.run([real_haproxy(), "-c", "-f", str(tmp_path / "t.cfg")], capture_output=True).returncode == 0
 
 
 def test_a_queue_bound_refuses_at_once_in_the_frontend(tmp_path: Path) -> None:
@@ -189,55 +177,77 @@ def test_the_front_never_execs_itself(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "env, message",
     [
-        ({"APP_FRONT_MAXCONN_PER_REPLICA": "0"}, r"\[1, 100000\]"),
-        ({"APP_FRONT_MAXCONN_PER_REPLICA": "1000000"}, r"\[1, 100000\]"),
-        ({"APP_FRONT_MAXCONN_PER_REPLICA": "ten"}, "an integer"),
+        ({"APP_FRONT_MAXCONN_PER_REPLICA": "0"}, "greater than or equal to 1"),
+        ({"APP_FRONT_MAXCONN_PER_REPLICA": "1000000"}, "less than or equal to 100000"),
+        ({"APP_FRONT_MAXCONN_PER_REPLICA": "ten"}, "integer"),
         ({"APP_FRONT_QUEUE_TIMEOUT_S": "0"}, "0.001"),
-        ({"APP_FRONT_QUEUE_TIMEOUT_S": "soon"}, "a number"),
-        ({"APP_FRONT_MAX_QUEUED": "-1"}, r"0 \(no bound\)"),
+        ({"APP_FRONT_QUEUE_TIMEOUT_S": "soon"}, "number"),
+        ({"APP_FRONT_MAX_QUEUED": "-1"}, "greater than or equal to 0"),
+        ({"APP_FRONT_CLIENT_HEADER": "x user"}, "pattern"),
+        ({"APP_FRONT_BUFFER_BYTES": "1024"}, "16384"),
     ],
 )
 def test_bad_limits_are_refused_by_name(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message) as e:
-        Front.from_env(env)
+        from_env(env)
     assert next(iter(env)) in str(e.value)
 
 
-def test_the_shipped_environment_sets_the_front() -> None:
-    from app.config import read_serve_env
+def test_the_front_takes_its_limits_from_the_app_config_and_back() -> None:
+    import yaml
 
-    front = Front.from_env(read_serve_env())
-    assert front.maxconn_per_replica == 128 and front.queue_timeout_s == 4 and front.max_queued == 0
+    local = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
+    env = config_env(local)
+    front = from_env(env)
+    assert front == Front() and front.maxconn_per_replica == 128 and front.queue_timeout_s == 4
+    assert env == env_of(front) and env["APP_FRONT_BUFFER_BYTES"] == "65536"
+    local["applications"][0]["args"]["front"]["max_per_client"] = 3
+    assert from_env(config_env(local)).max_per_client == 3
+    limits = {k: str(v) for k, v in dataclasses.asdict(Front()).items() if k != "retry_after_s"}
+    assert parse_header(Front().header_value().replace("%[hostname]", "node-1")) == {"host": "node-1", **limits}
+    assert parse_header("garbage") == {} and parse_header("a=b") == {}
 
 
 class Holding(http.server.BaseHTTPRequestHandler):
-    """Answers 200 once the test releases it: a Router busy with its requests."""
+    """Answers 200 once the test releases it: a Router busy with its requests. Records what reached it."""
 
     release = threading.Event()
     entered = threading.Event()
+    seen: list[tuple[str, dict[str, str], int]] = []  # (path, headers, body bytes) of each request that reached it
+    service_s = 0.0  # once released, each request takes this long: a Router's service time
 
-    def do_GET(self) -> None:
+    def _answer(self) -> None:
         if self.path != "/-/healthz":  # HAProxy's health checks are answered at once
+            body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            self.seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}, len(body)))
             self.entered.set()
             self.release.wait(10)
+            time.sleep(self.service_s)
         self.send_response(200)
         self.send_header("Content-Length", "2")
         self.end_headers()
         self.wfile.write(b"ok")
 
+    do_GET = do_POST = _answer
+
     def log_message(self, *args: object) -> None:
         pass
 
 
+FRONTED = {"APP_FRONT_MAXCONN_PER_REPLICA": "1", "APP_FRONT_QUEUE_TIMEOUT_S": "0.5"}
+GREEDY_CASE = {"APP_FRONT_MAXCONN_PER_REPLICA": "8", "APP_FRONT_QUEUE_TIMEOUT_S": "1.5"}
+
+
 @pytest.fixture
-def fronted() -> Iterator[tuple[str, type[Holding]]]:
-    """HAProxy (the real binary, started through `app-haproxy` as Serve starts it) before one held Router."""
+def fronted(request: pytest.FixtureRequest) -> Iterator[tuple[str, type[Holding]]]:
+    """HAProxy (the real binary, started through `app-haproxy` as Serve starts it) before one held Router; the front's
+    variables FRONTED, or the test's own (`@pytest.mark.parametrize("fronted", [{...}], indirect=True)`)."""
     backend = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Holding)
     threading.Thread(target=backend.serve_forever, daemon=True).start()
     tmp = Path(tempfile.mkdtemp(prefix="front-", dir="/tmp"))  # short: HAProxy's socket paths are limited
     port = free_port()
     serve_config(tmp, port, backend.server_address[1])
-    env = {**os.environ, "APP_FRONT_MAXCONN_PER_REPLICA": "1", "APP_FRONT_QUEUE_TIMEOUT_S": "0.5"}
+    env = {**os.environ, **getattr(request, "param", FRONTED)}
     cmd = [sys.executable, "-c", "from app.front import main; main()", "-db", "-f", str(tmp / "haproxy.cfg")]
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
@@ -254,40 +264,171 @@ def fronted() -> Iterator[tuple[str, type[Holding]]]:
         backend.shutdown()
         Holding.release.clear()
         Holding.entered.clear()
+        Holding.seen.clear()
+        Holding.service_s = 0.0
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_beyond_a_routers_limit_requests_wait_then_get_the_services_503(
-    fronted: tuple[str, type[Holding]],
-) -> None:
+def trickle(url: str, path: str, head: bytes, body: bytes, per_s: float, give_up_s: float = 10) -> tuple[bytes, float]:
+    """A raw connection that sends `head` whole, then `body` at `per_s` bytes a second; what came back, and when."""
+    host, port = url.removeprefix("http://").split(":")
+    t0 = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=give_up_s) as s:
+        s.sendall(head)
+        s.setblocking(False)
+        reply = b""
+        for i in range(len(body)):
+            with contextlib.suppress(BlockingIOError):
+                reply += s.recv(4096)
+            if reply or time.monotonic() - t0 > give_up_s:
+                break
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                s.send(body[i : i + 1])
+            time.sleep(1 / per_s)
+        s.setblocking(True)
+        with contextlib.suppress(OSError):
+            reply += s.recv(4096)
+        return reply, time.monotonic() - t0
+
+
+def post_head(path: str, length: int, extra: str = "") -> bytes:
+    return f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n{extra}\r\n".encode()
+
+
+@pytest.mark.parametrize("fronted", [{**FRONTED, "APP_FRONT_BODY_TIMEOUT_S": "0.6"}], indirect=True)
+def test_a_slow_body_waits_in_haproxy_and_never_reaches_a_router(fronted: tuple[str, type[Holding]]) -> None:
     url, held = fronted
-    with httpx.Client(timeout=10) as first, httpx.Client(timeout=10) as second:
-        busy = threading.Thread(target=first.get, args=(url + "/v1/classify",))
-        busy.start()  # takes the Router's one slot, and holds it
-        wait_until(held.entered.is_set, timeout_s=5, what="the first request at the Router")
-        refused = second.get(url + "/v1/classify")
-        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
-        assert refused.headers["content-type"] == "application/json" and refused.json() == json.loads(V1_BODY)
-        assert refused.elapsed.total_seconds() >= 0.45  # it waited its queue timeout, not refused at once
-        v2 = second.get(url + "/v2/models/fp32/infer")
-        assert v2.status_code == 503 and v2.json() == json.loads(V2_BODY)
-        held.release.set()
-        busy.join(10)
-        assert second.get(url + "/v1/classify").status_code == 200  # the slot is free again
+    for path, body in (("/v1/classify", V1_408), ("/v2/models/m/infer", V2_408)):
+        reply, took = trickle(url, path, post_head(path, 1000), b"x" * 1000, per_s=5)
+        status, _, payload = reply.partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 408") and b"application/json" in status.lower()
+        assert json.loads(payload) == json.loads(body) and 0.5 < took < 5
+    assert held.seen == []  # the Router never saw them: no place was taken
+    # a whole body passes, with the front's header replacing the client's own
+    ok = httpx.post(url + "/v1/classify", content=b"x" * 40_000, headers={HEADER: "host=forged"}, timeout=10)
+    assert ok.status_code == 200
+    path, headers, size = held.seen[-1]
+    front = parse_header(headers[HEADER.lower()])
+    assert size == 40_000 and front["host"] != "forged" and front["body_timeout_s"] == "0.6"
 
 
-def test_the_installed_front_is_serves_haproxy_where_haproxy_is_on() -> None:
-    from app.config import front_binary, private_serve_env
+@pytest.mark.parametrize(
+    "fronted", [{**FRONTED, "APP_FRONT_MAXCONN_PER_REPLICA": "8", "APP_FRONT_MAX_PER_CLIENT": "2"}], indirect=True
+)
+def test_one_client_may_hold_its_share_and_no_more(fronted: tuple[str, type[Holding]]) -> None:
+    url, held = fronted
+    greedy = {"X-User-Id": "greedy"}
 
-    binary = front_binary()
-    assert binary is not None and Path(binary).parent == Path(sys.executable).parent
-    # As Serve runs it: RAY_SERVE_HAPROXY_BINARY_PATH names the front itself, which must not exec itself.
-    env = {**os.environ, "RAY_SERVE_HAPROXY_BINARY_PATH": binary}
-    version = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=30, env=env)
-    assert version.returncode == 0 and "HAProxy version" in version.stdout  # the real one, exec'd by the front
-    assert private_serve_env(18640)["RAY_SERVE_HAPROXY_BINARY_PATH"] == binary
-    peer = private_serve_env(18640, front=False)["RAY_SERVE_HAPROXY_BINARY_PATH"]  # the Serve peers: HAProxy itself
-    assert Path(peer).name == "haproxy" and Path(peer).resolve() != Path(binary).resolve()
-    assert "RAY_SERVE_HAPROXY_BINARY_PATH" not in private_serve_env(18640, {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"})
-    mine = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_BINARY_PATH": "/opt/haproxy"}
-    assert private_serve_env(18640, mine)["RAY_SERVE_HAPROXY_BINARY_PATH"] == "/opt/haproxy"  # an operator's wins
+    def send(headers: dict[str, str] | None = None) -> threading.Thread:
+        thread = threading.Thread(
+            target=httpx.get, args=(url + "/v1/classify",), kwargs={"headers": headers, "timeout": 10}
+        )
+        thread.start()
+        return thread
+
+    busy = [send(greedy), send(greedy)]
+    wait_until(lambda: len(held.seen) == 2, timeout_s=5, what="the greedy client's two requests at the Router")
+    refused = httpx.get(url + "/v1/classify", headers=greedy, timeout=10)
+    assert refused.status_code == 429 and refused.json() == json.loads(V1_429)
+    assert refused.headers["retry-after"] == "1" and refused.elapsed.total_seconds() >= 0.9  # held, then refused
+    polite = send({"X-User-Id": "polite"})  # another client is not refused: it reaches the Router beside it
+    wait_until(lambda: len(held.seen) == 3, timeout_s=5, what="the polite client's request at the Router")
+    anonymous = send()  # no X-User-Id, and max_per_address 0: not bounded per client
+    wait_until(lambda: len(held.seen) == 4, timeout_s=5, what="an anonymous request at the Router")
+    held.release.set()
+    for t in [*busy, polite, anonymous]:
+        t.join(10)
+    assert httpx.get(url + "/v1/classify", headers=greedy, timeout=10).status_code == 200  # its share is free again
+
+
+@pytest.mark.parametrize(
+    "fronted", [{**FRONTED, "APP_FRONT_MAXCONN_PER_REPLICA": "8", "APP_FRONT_MAX_PER_ADDRESS": "1"}], indirect=True
+)
+def test_requests_that_name_no_client_are_bounded_per_address_when_asked(fronted: tuple[str, type[Holding]]) -> None:
+    url, held = fronted
+
+    def get(source: str) -> httpx.Response:
+        with httpx.Client(transport=httpx.HTTPTransport(local_address=source), timeout=10) as client:
+            return client.get(url + "/v1/classify")
+
+    first = threading.Thread(target=get, args=("127.0.0.1",))
+    first.start()
+    wait_until(lambda: len(held.seen) == 1, timeout_s=5, what="the first address's request at the Router")
+    assert get("127.0.0.1").status_code == 429  # its address's one place is taken
+    other = threading.Thread(target=get, args=("127.0.0.2",))
+    other.start()  # another address is another client
+    wait_until(lambda: len(held.seen) == 2, timeout_s=5, what="another address's request at the Router")
+    held.release.set()
+    for t in (first, other):
+        t.join(10)
+
+
+async def _greedy(url: str, connections: int, until: float) -> Counter[int]:
+    """`connections` raw connections resending at once (a new connection per request) until `until`
+    (monotonic), all as one named client; the statuses they got."""
+    host, port = url.removeprefix("http://").split(":")
+    request = b"GET /v1/classify HTTP/1.1\r\nHost: x\r\nX-User-Id: greedy\r\nConnection: close\r\n\r\n"
+    statuses: Counter[int] = Counter()
+
+    async def one() -> None:
+        while time.monotonic() < until:
+            with contextlib.suppress(OSError, asyncio.TimeoutError, ValueError):
+                reader, writer = await asyncio.open_connection(host, int(port))
+                writer.write(request)
+                reply = await asyncio.wait_for(reader.read(), timeout=10)
+                statuses[int(reply.split(b" ", 2)[1])] += 1
+                writer.close()
+
+    await asyncio.gather(*(one() for _ in range(connections)))
+    return statuses
+
+
+def _polite(url: str, every_s: float, until: float) -> list[tuple[int, float]]:
+    """One connection sending a request every `every_s` on a schedule until `until`: (status, seconds) each."""
+    out, due = [], time.monotonic()
+    with httpx.Client(timeout=10, headers={"X-User-Id": "polite"}) as client:
+        while due < until:
+            time.sleep(max(0.0, due - time.monotonic()))
+            r = client.get(url + "/v1/classify")
+            out.append((r.status_code, r.elapsed.total_seconds()))
+            due += every_s
+    return out
+
+
+@pytest.mark.parametrize(
+    ("fronted", "bounded"),
+    [
+        ({**GREEDY_CASE, "APP_FRONT_MAX_PER_CLIENT": "4"}, True),
+        ({**GREEDY_CASE, "APP_FRONT_MAX_PER_CLIENT": "0"}, False),
+    ],
+    indirect=["fronted"],
+)
+def test_a_greedy_client_with_500_connections_leaves_a_polite_one_its_rate(
+    fronted: tuple[str, type[Holding]], bounded: bool
+) -> None:
+    """The issue's case at HAProxy: one client resending at once on 500 connections, one sending a request every
+    0.2 s, a Router taking 50 ms per request with 8 places. With max_per_client (4 here), the greedy client holds 4
+    places and its other 496 connections are held and refused with 429; the polite one finds a place at once. The
+    same without the bound: the greedy client fills the places and the queue, and the polite one waits behind it
+    (or is refused with 503), which shows what the bound is for."""
+    url, held = fronted
+    held.service_s = 0.05
+    held.release.set()
+    until = time.monotonic() + 4.0
+    greedy: Counter[int] = Counter()
+    loop = threading.Thread(target=lambda: greedy.update(asyncio.run(_greedy(url, 500, until))))
+    loop.start()
+    wait_until(lambda: len(held.seen) >= 20, timeout_s=5, what="the greedy client at the Router")
+    polite = _polite(url, 0.2, until - 0.5)
+    loop.join(15)
+    ok = [took for status, took in polite if status == 200]
+    if bounded:
+        assert len(ok) == len(polite) >= 12, polite  # every one answered, none refused
+        assert max(ok) < 0.5, polite  # a place at once: its service time, not the greedy client's queue
+        assert greedy[429] > 100 and greedy[200] > 0, greedy  # refused beyond its share, served within it
+        front = [parse_header(h[HEADER.lower()]) for _, h, _ in held.seen]
+        assert {f["max_per_client"] for f in front} == {"4"}
+    else:
+        # without the bound, the polite client's requests wait behind the greedy one's (or are refused)
+        assert any(status != 200 or took > 1.0 for status, took in polite), polite
+        assert greedy[429] == 0, greedy

@@ -17,7 +17,7 @@ import pytest
 
 from app.models import ModelFiles
 from app.models.samples import sample_bytes
-from tests.conftest import ServeDeployer, deployment, local_config, wait_until
+from tests.conftest import ServeDeployer, deployment, load_config, local_config, wait_until
 from tests.hostile import HostileCase, hostile_cases
 from tests.test_app import replica_ids, small_png
 
@@ -199,10 +199,9 @@ def test_haproxy_runs_the_admission_front(local_app: ServeDeployer) -> None:
     import io
     import os
 
-    from app.config import read_serve_env
-    from app.front import Front
+    from app.front import config_env, from_env
 
-    limit = Front.from_env(read_serve_env()).maxconn_per_replica
+    limit = from_env(config_env(load_config("local.yaml"))).maxconn_per_replica
 
     def rows() -> list[dict[str, str]]:
         port = os.environ["RAY_SERVE_HAPROXY_STATS_PORT"]  # this session's, from private_serve_env
@@ -218,6 +217,12 @@ def test_haproxy_runs_the_admission_front(local_app: ServeDeployer) -> None:
     assert all(r["slim"] == str(limit) for r in found), [(r["svname"], r["slim"]) for r in found]
     grpc = [r for r in rows() if r["pxname"].startswith("grpc-") and r["svname"].startswith("SERVE_REPLICA")]
     assert all(r["slim"] in ("", "0") for r in grpc)  # HTTP/2 streams: no per-server limit
+    # Never silent: the Router saw the front on this HAProxy, with local.yaml's limits, and says so.
+    assert httpx.get(local_app.url + "/readyz", timeout=10).status_code == 200  # through the front
+    front = httpx.get(local_app.url + "/v1/models", timeout=10).json()["admission_front"]
+    assert front["in_place"] and front["configured"]["maxconn_per_replica"] == str(limit)
+    (seen,) = [f for f in front["haproxies"].values() if f["active"]]
+    assert seen["limits"]["maxconn_per_replica"] == str(limit) and seen["differs_from_config"] == []
 
 
 # --------------------------------------------------------------------------- hostile load: the Router's side
@@ -247,13 +252,19 @@ def _reply(s: socket.socket, deadline: float) -> str:
     return reply
 
 
-def _slow_body(url: str, content_length: int = 100_000) -> socket.socket:
-    """A client that sends its headers and two bytes of its body, then nothing: the body never completes."""
+# What the admission front holds of a body before it passes the request on (local.yaml's args.front.buffer_bytes):
+# a body that stalls after more than this reaches the Router, whose own body deadline is the second line.
+FRONT_BUFFER = 65536
+
+
+def _slow_body(url: str, content_length: int = 200_000, sent: int = 2) -> socket.socket:
+    """A client that sends its headers and `sent` bytes of its body, then nothing: the body never completes."""
     s = socket.create_connection(("127.0.0.1", _port(url)), timeout=10)
     s.sendall(
         b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n"
         + f"Content-Length: {content_length}\r\n\r\n".encode()
         + b"\xff\xd8"
+        + b"\0" * (sent - 2)
     )
     return s
 
@@ -264,10 +275,34 @@ def _classify(url: str, photo: str = "coffee") -> httpx.Response:
     )
 
 
+def test_slow_bodies_wait_in_the_front_and_never_reach_a_router(local_app: ServeDeployer) -> None:
+    """The first line: bodies that stall inside the front's buffer are held by HAProxy and answered there, with
+    the JSON 408 at args.front.body_timeout_s; the Router never sees them (no slow body, no admission slot)."""
+    before = httpx.get(local_app.url + "/v1/models", timeout=10).json()["bodies"]
+    t0 = time.monotonic()
+    socks = [_slow_body(local_app.url, sent=1000) for _ in range(40)]
+    try:
+        normal = [_classify(local_app.url).status_code for _ in range(4)]
+        assert normal == [200] * 4  # served meanwhile
+        bodies = httpx.get(local_app.url + "/v1/models", timeout=10).json()["bodies"]
+        assert bodies["slow_now"] == 0  # held in HAProxy, not in the Router
+        replies = [_reply(s, t0 + 30) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+    for reply in replies:
+        assert reply.startswith("HTTP/1.1 408") and '"body_timeout"' in reply and "application/json" in reply.lower()
+        assert "did not arrive whole" in reply  # the front's own 408, not the Router's
+    after = httpx.get(local_app.url + "/v1/models", timeout=10).json()["bodies"]
+    assert after["timed_out"] == before["timed_out"] and after["refused_slow"] == before["refused_slow"]
+    assert 4 < time.monotonic() - t0 < 20  # at the front's body_timeout_s (5 s), not the proxy's own timeouts
+
+
 def test_slow_bodies_get_408_and_take_no_admission_slot(local_app: ServeDeployer, model_files: ModelFiles) -> None:
-    """Six clients that never finish their bodies, against max_in_flight 2 and room for 4 slow bodies: normal
-    requests are answered meanwhile (slow bodies are not in flight), 4 slow ones get 408 at body_timeout_s,
-    2 get it once they are slow and find no room, and nothing waits for the proxy's own timeouts."""
+    """The second line: bodies larger than the front's buffer that stall after it reach the Router (the front passes
+    a request on once its buffer is full). Six such clients against max_in_flight 2 and room for 4 slow bodies:
+    normal requests are answered meanwhile (slow bodies are not in flight), 4 slow ones get 408 at
+    body_timeout_s, 2 get it once they are slow and find no room, and nothing waits for the proxy's timeouts."""
     timeout_s = 8.0
     local_app.deploy(
         local_config(model_files, max_in_flight=2, max_slow_bodies=4, body_timeout_s=timeout_s, slow_body_after_s=0.3)
@@ -275,7 +310,7 @@ def test_slow_bodies_get_408_and_take_no_admission_slot(local_app: ServeDeployer
     socks: list[socket.socket] = []
     try:
         t0 = time.monotonic()
-        socks = [_slow_body(local_app.url) for _ in range(6)]
+        socks = [_slow_body(local_app.url, sent=FRONT_BUFFER + 4096) for _ in range(6)]
 
         async def normal_pairs() -> list[httpx.Response]:
             async with httpx.AsyncClient(base_url=local_app.url, timeout=30) as client:
@@ -358,11 +393,12 @@ def test_a_gzip_json_bomb_is_refused_quickly_and_others_are_served(local_app: Se
 
 
 def test_json_over_the_json_limit_is_refused_from_its_length(local_app: ServeDeployer) -> None:
-    """An uncompressed V2 JSON body declaring more than Limits.max_json_bytes: 413 before it is read."""
+    """An uncompressed V2 JSON body declaring more than Limits.max_json_bytes: 413 before it is read (beyond what the
+    front holds of any body before it passes the request on)."""
     with socket.create_connection(("127.0.0.1", _port(local_app.url)), timeout=10) as s:
         s.sendall(
             b"POST /v2/models/efficientnet_lite0/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 5000000\r\n\r\n{"
+            b"Content-Length: 5000000\r\n\r\n{" + b" " * FRONT_BUFFER
         )
         reply = _reply(s, time.monotonic() + 20)
     assert reply.startswith("HTTP/1.1 413"), reply[:300]

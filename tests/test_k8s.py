@@ -1147,6 +1147,12 @@ def test_the_image_runs_the_admission_front_as_serves_haproxy() -> None:
     install = next(a for i, a in steps if i == "RUN" and a.startswith("pip install"))
     assert 'test "$(command -v app-haproxy)" = "$RAY_SERVE_HAPROXY_BINARY_PATH"' in install  # built where it points
     assert 'app-haproxy = "app.front:main"' in _pyproject()
-    # configs/serve.env goes into every Pod: it carries the limits, and must not point Serve elsewhere.
+    # configs/serve.env goes into every Pod and must not point Serve elsewhere; the front's limits are prod.yaml's
+    # args.front, rendered beside it into every container's environment.
     serve_env = k8s.parse_serve_env((REPO / "configs" / "serve.env").read_text(), "serve.env")
-    assert "RAY_SERVE_HAPROXY_BINARY_PATH" not in serve_env and "APP_FRONT_MAXCONN_PER_REPLICA" in serve_env
+    assert "RAY_SERVE_HAPROXY_BINARY_PATH" not in serve_env and not any(k.startswith("APP_FRONT_") for k in serve_env)
+    rendered = (K8S / "rayservice.yaml").read_text()
+    prod = yaml.safe_load(PROD.read_text())["applications"][0]["args"]["front"]
+    assert f"{{name: APP_FRONT_MAXCONN_PER_REPLICA, value: '{prod['maxconn_per_replica']}'}}" in rendered
+    containers = rendered.count("{name: RAY_SERVE_ENABLE_HA_PROXY")
+    assert containers > 1 and rendered.count("{name: APP_FRONT_BUFFER_BYTES, value: '65536'}") == containers

@@ -24,6 +24,7 @@ from app.cascade import MarginEvidence
 from app.config import AppArgs, RouterConfig
 from app.errors import ServiceError
 from app.guards import admin_token, check_admin, check_url
+from app.http.front_report import FrontReport
 from app.http.replies import Replies
 from app.metrics import RouterMetrics
 from app.parse_pool import ParsePool
@@ -54,6 +55,8 @@ class Ingress:
         self.known = frozenset([*variants, *args.cascades])  # what a request can be routed to
         self.replica = replica
         self.metrics = RouterMetrics(args.model.name)
+        self.front = FrontReport(args.front.limits())  # which admission fronts this Router's requests came through
+        self._without_front = 0  # requests without the front already counted in the metric
         self.replies = Replies(self.metrics)
         self.rng = random.Random()
         self.pipeline = Pipeline(
@@ -109,6 +112,8 @@ class Ingress:
 
     async def after_flush(self) -> None:
         """About once a second, after the A/B flush: the rollout's weights, then the cascades' auto thresholds."""
+        self.metrics.admission_front(self.front.active(), self.front.without - self._without_front)
+        self._without_front = self.front.without
         await self.poll_rollout()
         await self.refit_cascades()
         if self.capture is not None:
@@ -172,6 +177,7 @@ class Ingress:
     # -- dispatch ------------------------------------------------------------------------
 
     async def __call__(self, request: Request) -> Response:
+        self.front.saw(request.headers.get("x-app-front"))
         path = app_path(request).rstrip("/") or "/"
         is_v2 = path.startswith("/v2")
         try:

@@ -435,6 +435,22 @@ class ParsersInfo(_Body):
     parsed: int
 
 
+class FrontSeen(_Body):
+    active: bool = Field(description="seen within the last minute")
+    last_seen_s_ago: float
+    limits: dict[str, str] = Field(description="as its X-App-Front header said")
+    differs_from_config: list[str] = Field(description="the limits that are not this app's args.front")
+
+
+class AdmissionFront(_Body):
+    """The admission front (app/front.py) as this Router's requests showed it: per HAProxy host."""
+
+    in_place: bool = Field(description="some HAProxy's front was seen within the last minute")
+    configured: dict[str, str] = Field(description="args.front, as the config says")
+    haproxies: dict[str, FrontSeen]
+    requests_without_front: int = Field(description="HTTP requests that came without it (direct, or it failed open)")
+
+
 class ModelsResponse(_Body):
     """GET /v1/models: the variants, the A/B policy, the limits and this Router replica's counters."""
 
@@ -443,6 +459,7 @@ class ModelsResponse(_Body):
     variants: dict[str, VariantInfo | VariantUnreachable]
     routing: RoutingInfo
     limits: Limits
+    admission_front: AdmissionFront
     router_replica_id: str
     cancelled_requests: int
     admission: AdmissionInfo

@@ -185,6 +185,7 @@ class V1:
                 "variants": variants,
                 "routing": routing,
                 "limits": ing.limits.model_dump(),
+                "admission_front": ing.front.describe(),
                 **summary,
             }
         )
