@@ -3,15 +3,16 @@
     python -m benchmarks.hostile_load --url http://127.0.0.1:8000 --attack all --duration 30 \\
         --clients 16 --connections 200
 
-Each attack class runs for --duration seconds while three probe clients send sample JPEGs to /v1/classify: bombs
+Each attack class runs for --duration seconds while four probe clients send sample JPEGs to /v1/classify: bombs
 (the float32 TIFF and 16-bit PNG memory bombs of tests/hostile.py, to /v1/classify and as V2 BYTES inputs), gzip
 (a ~10 KB gzip body inflating to 10 MiB of `{"inputs":[[],[],...]}`, to the V2 infer endpoint), slow (raw
-connections trickling a body a byte at a time, reconnecting whenever the server ends them). Around each phase it
+connections trickling a body a byte a second, reconnecting whenever the server ends them), slowhead (the same with
+a request head that never ends: its last header trickled a byte a second, slowloris). Around each phase it
 samples the resident memory of the Serve processes under the raylet serving the URL's port (never another Ray on
 this machine) and compares their pids before and after. A phase fails (the issue's "Done when") unless: probe
 success >= 99% and p99 < 3 s; no replica replaced; the Preprocessor's peak RSS under its idle RSS plus
 Limits.preprocessor_memory_bytes, every other replica's within 300 MB of its start; every attack answer a JSON
-4xx or 503 (slow bodies: closed by the server, or answered 400/408/413/503).
+4xx or 503 (slow bodies and heads: closed by the server, or answered 400/408/413/503).
 Writes benchmarks/results/hostile_load-<stamp>-<host>.json and .png; exits 1 if a phase failed. Loopback only.
 """
 
@@ -48,11 +49,12 @@ from benchmarks.report import fmt, markdown_table, pyplot, save_figure, write_js
 from benchmarks.stats import latency_summary
 
 MB = 1024 * 1024
-ATTACKS = ("bombs", "gzip", "slow")  # "all" runs them in this order (slow last: it holds connections)
+ATTACKS = ("bombs", "gzip", "slow", "slowhead")  # "all" runs them in this order (the slow ones hold connections)
+TRICKLED = frozenset({"slow", "slowhead"})  # the attacks that hold connections open, trickling a byte at a time
 CLASSIFY = "/v1/classify"
 V2_INFER = f"/v2/models/{MODEL_NAME}/infer"
 JPEG = {"Content-Type": "image/jpeg"}
-SLOW_STATUSES = frozenset({400, 408, 413, 503})  # what a slow-body connection may be answered with
+SLOW_STATUSES = frozenset({400, 408, 413, 503})  # what a slow body's or slow head's connection may be answered with
 _LIMITS = Limits()
 v2_bytes_request = v2_request  # the V2 request of one BYTES image, by the name tests/test_hostile_http.py uses
 
@@ -112,18 +114,26 @@ def slow_request_head(host: str, port: int, content_length: int) -> bytes:
     ).encode()
 
 
+def slow_head_start(host: str, port: int) -> bytes:
+    """A request head that never ends: the rest of its last header comes a byte at a time (slowloris)."""
+    return (
+        f"POST {CLASSIFY} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: hostile-load-slow-head\r\n"
+        "Content-Type: image/jpeg\r\nX-Trickle: "
+    ).encode()
+
+
 @dataclass
 class Reply:
     """One HTTP exchange or slow-body connection: when it started (s, run clock), what it was, how long it took and
     what came back (status 0: no reply)."""
 
     t: float
-    kind: str  # the request's; a slow body's end: response | closed (EOF) | reset | connect_failed | open_at_end
+    kind: str  # the request's; a trickled one's end: response | closed (EOF) | reset | connect_failed | open_at_end
     status: int
-    latency_s: float  # a slow body: how long the connection was held
+    latency_s: float  # a trickled request: how long the connection was held
     json_ok: bool = False  # a JSON body; for an error, in the service's error shape
     code: str = ""  # the error code (V1), a digit-free prefix of the message (V2), or the client exception
-    sent: int = 0  # a slow body: the bytes trickled
+    sent: int = 0  # a trickled request: the bytes trickled
 
 
 def read_error(status: int, content_type: str | None, body: bytes) -> tuple[bool, str]:
@@ -184,7 +194,7 @@ def attack_summary(replies: Sequence[Reply]) -> dict[str, Any]:
 
 
 def slow_summary(outcomes: Sequence[Reply]) -> dict[str, Any]:
-    """What became of the slow-body connections: who ended them, how, after how long."""
+    """What became of the trickling connections: who ended them, how, after how long."""
     answered = [o for o in outcomes if o.kind == "response"]
     ended_by_server = [o.latency_s for o in outcomes if o.kind in ("response", "closed", "reset")]
     bad = [o for o in answered if o.status not in SLOW_STATUSES]
@@ -251,7 +261,7 @@ class Settings:
     duration_s: float = 30.0
     clients: int = 16
     connections: int = 200
-    probe_clients: int = 3
+    probe_clients: int = 4
     probe_interval_s: float = 0.1  # at most one request per probe client per interval: the probe is no load
     slow_content_length: int = 100 * 1024
     slow_interval_s: float = 1.0  # per trickled body byte
@@ -341,8 +351,8 @@ class Traffic:
 
     async def run(self, attack: str, mon: Monitor) -> None:
         probe = [AttackRequest("probe", CLASSIFY, image, JPEG) for image in probe_images()]
-        if attack == "slow":
-            load = self.slow_attack()
+        if attack in TRICKLED:
+            load = self.slow_attack(head=attack == "slowhead")
         else:
             load = self.send(attack_requests(attack), self.s.clients, self.replies)
         async with mon.sampling(self.s.sample_every_s):
@@ -371,16 +381,17 @@ class Traffic:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             await asyncio.gather(*(worker(session, i) for i in range(clients)))
 
-    async def slow_attack(self) -> None:
+    async def slow_attack(self, head: bool = False) -> None:
         async def slot(i: int) -> None:
             await asyncio.sleep(i * 0.005)  # 200 connects spread over a second, not one SYN burst
-            while time.perf_counter() < self.stop_at and await self.slow_connection():
+            while time.perf_counter() < self.stop_at and await self.slow_connection(head):
                 await asyncio.sleep(0.2 + self.rng.random() * 0.3)  # the server ended it: come back, as attackers do
 
         await asyncio.gather(*(slot(i) for i in range(self.s.connections)))
 
-    async def slow_connection(self) -> bool:
-        """Connect, send the head, trickle the body; the outcome in self.replies. False when open at the end."""
+    async def slow_connection(self, head: bool = False) -> bool:
+        """Connect, send the head and trickle the body (head: send most of a head, trickle the rest of it, which
+        never ends); the outcome in self.replies. False when open at the end."""
         url, length, clock0 = urlsplit(self.target.base), self.s.slow_content_length, self.target.clock0
         host, port = url.hostname or "127.0.0.1", url.port or 80
         opened = time.perf_counter()
@@ -392,13 +403,13 @@ class Traffic:
         body, sent, how, status, json_ok, code = probe_images()[0], 0, "open_at_end", 0, False, ""
         reading = asyncio.create_task(_read_reply(reader))
         try:
-            writer.write(slow_request_head(host, port, length))
+            writer.write(slow_head_start(host, port) if head else slow_request_head(host, port, length))
             while sent < length and (left := self.stop_at - time.perf_counter()) > 0:
                 # jittered, so 200 connections do not write in lockstep
                 await asyncio.wait({reading}, timeout=min(left, self.s.slow_interval_s * self.rng.uniform(0.8, 1.2)))
                 if reading.done() or time.perf_counter() >= self.stop_at:
                     break
-                writer.write(body[sent % len(body) : sent % len(body) + 1])
+                writer.write(b"a" if head else body[sent % len(body) : sent % len(body) + 1])
                 await asyncio.wait_for(writer.drain(), 5.0)
                 sent += 1
         except (ConnectionError, asyncio.TimeoutError):
@@ -431,10 +442,10 @@ def phase_failures(phase: dict[str, Any], th: Settings) -> list[str]:
         out.append(f"probe: success {p['success_rate']:.1%} < {th.min_success:.0%} ({p['statuses']})")
     if p["requests"] and p["p99_ms"] >= th.max_p99_s * 1000:
         out.append(f"probe: p99 {p['p99_ms'] / 1000:.2f} s >= {th.max_p99_s:g} s")
-    if not (a["opened"] if name == "slow" else a["requests"]):
-        out.append("slow: no connection was opened" if name == "slow" else f"{name}: no attack request completed")
+    if not (a["opened"] if name in TRICKLED else a["requests"]):
+        out.append(f"{name}: no connection was opened" if name in TRICKLED else f"{name}: no attack request completed")
     if a["violations"]:
-        allowed = f"an end or a {sorted(SLOW_STATUSES)}" if name == "slow" else "a JSON 4xx/503"
+        allowed = f"an end or a {sorted(SLOW_STATUSES)}" if name in TRICKLED else "a JSON 4xx/503"
         out.append(f"{name}: {a['violations']} answers not {allowed}: {a['statuses']}")
     if rep["gone"] or rep["new"]:
         out.append(f"replicas replaced: gone {rep['gone']}, new {rep['new']}")
@@ -460,9 +471,9 @@ def run_phase(target: Target, attack: str, s: Settings) -> dict[str, Any]:
         "attack": attack,
         "wall_s": round(wall, 2),
         "t_start": round(t_start - target.clock0, 3),
-        "clients": s.connections if attack == "slow" else s.clients,
+        "clients": s.connections if attack in TRICKLED else s.clients,
         "probe": probe_summary(traffic.probe),
-        "attack_summary": slow_summary(answers) if attack == "slow" else attack_summary(answers),
+        "attack_summary": slow_summary(answers) if attack in TRICKLED else attack_summary(answers),
         "memory": memory,
         "memory_failures": mem_failures,
         "replicas": replicas_replaced(procs, serve_processes(target.raylet_pid)),
@@ -491,7 +502,7 @@ def summary_table(result: dict[str, Any]) -> str:
     rows, decoder = [], _decoder(result)
     for ph in result["phases"]:
         p, a, rep, memory = ph["probe"], ph["attack_summary"], ph["replicas"], ph["memory"].values()
-        sent = f"{a['attempts']} conns: {a['how']}; replies" if ph["attack"] == "slow" else f"{a['requests']} req:"
+        sent = f"{a['attempts']} conns: {a['how']}; replies" if ph["attack"] in TRICKLED else f"{a['requests']} req:"
         probe = [f"{p['ok']}/{p['requests']}", f"{fmt(p['p50_ms'])}/{fmt(p['p99_ms'])}"]
         pre = [f"{fmt(m['peak_mb'], 0)}/{fmt(m.get('limit_mb'), 0)}" for m in memory if m["label"] == decoder]
         rows.append([ph["attack"], ph["clients"], f"{sent} {a['statuses'] or '-'}", *probe, ", ".join(pre) or "n/a"])
@@ -517,7 +528,7 @@ def plot(result: dict[str, Any], out: Path) -> Path:
     fig, (ax_lat, ax_att, ax_mem) = pyplot().subplots(3, 1, figsize=(11, 9.5), sharex=True)
     th = result["settings"]
     rss: dict[str, list[tuple[float, float]]] = {}
-    colours = {"bombs": "#fde0dd", "gzip": "#e0ecf4", "slow": "#e5f5e0"}
+    colours = {"bombs": "#fde0dd", "gzip": "#e0ecf4", "slow": "#e5f5e0", "slowhead": "#fff7bc"}
     for ph in result["phases"]:
         t0 = ph["t_start"]
         for ax in (ax_lat, ax_att, ax_mem):
@@ -559,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attack", choices=["all", *ATTACKS], default="all", help="one class, or all in turn")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds per attack class")
     parser.add_argument("--clients", type=int, default=16, help="attacking clients (bombs, gzip)")
-    parser.add_argument("--connections", type=int, default=200, help="slow-body connections")
+    parser.add_argument("--connections", type=int, default=200, help="slow-body (slow-head) connections")
     args = parser.parse_args(argv)
     env = print_environment()
     s = Settings(

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from app import v2
+from app.front_config import Front
 from app.models import MODEL_NAME
 from benchmarks.corpus import SIZES, CorpusImage, build_corpus
 from benchmarks.report import fmt
@@ -117,6 +118,7 @@ class Workload:
     timeout_s: float = 30.0
     sizes: tuple[tuple[int, int], ...] = SIZES
     protocol: str = "v1"  # or "v2": POST /v2/models/<model>/infer, the images as one BYTES input
+    client: str | None = None  # sent as the admission front's client header (Front.client_header) when set
 
     @property
     def target(self) -> str:
@@ -128,7 +130,8 @@ class Workload:
         return urlsplit(self.url)._replace(path=path).geturl()
 
     def headers(self) -> dict[str, str]:
-        return {"X-Model-Variant": self.variant} if self.variant and self.protocol == "v1" else {}
+        out = {"X-Model-Variant": self.variant} if self.variant and self.protocol == "v1" else {}
+        return out | ({Front.client_header: self.client} if self.client else {})
 
     def payloads(self) -> tuple[Payload, ...]:
         return build_payloads(build_corpus(self.sizes), self.images_per_request, self.protocol)

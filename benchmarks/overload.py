@@ -10,10 +10,12 @@ refusals. After the last step: how long until a request succeeds again. Then ope
 and 10x the capacity measured at 32 connections (the Python client of benchmarks/load.py).
 
 Targets:
-- "app": configs/local.yaml + serve.env with the admission front (app/front.py). HAProxy lets
-  APP_FRONT_MAXCONN_PER_REPLICA requests into the Router at once and holds the rest in its queue; what waited
-  APP_FRONT_QUEUE_TIMEOUT_S gets a JSON 503 from HAProxy (the wait paces clients that resend at once).
-- "app_fastrefuse": the front with APP_FRONT_MAX_QUEUED=128: beyond 128 waiting, HAProxy refuses at once.
+- "app": configs/local.yaml + serve.env with the admission front (app/front.py), its limits from local.yaml's
+  args.front. HAProxy lets maxconn_per_replica requests into the Router at once and holds the rest in its queue;
+  what waited queue_timeout_s gets a JSON 503 from HAProxy (the wait paces clients that resend at once). wrk sends
+  no X-User-Id, so the per-client bound does not apply (benchmarks/fairness.py measures it).
+- "app_fastrefuse": the front with max_queued 128 (APP_FRONT_MAX_QUEUED=128 over the config's): beyond 128
+  waiting, HAProxy refuses at once.
 - "app_router": no front, the Router is the first line: beyond max_in_flight a bounded wait queue, then JSON 503s,
   paced beyond max_refusals_per_s.
 - "app_paceonly" (no front, no wait queue: max_queue_wait_s 0) and "app_noqueue" (no front, neither: a 503 at once

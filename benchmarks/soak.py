@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import yaml
 
 from app.config import private_serve_env
@@ -126,19 +127,38 @@ async def soak_load(args: argparse.Namespace, workload: Workload, rate: float, m
         return await open_run(workload, rate, duration_s, warmup_s=0.0, max_requests=int(1.5 * rate * duration_s) + 100)
 
 
+def admission_front(url: str) -> dict[str, Any] | None:
+    """The Router's view of the admission front after the load (/v1/models): in place, on which HAProxy, how many
+    requests came without it."""
+    with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+        return dict(httpx.get(url.replace("/v1/classify", "/v1/models"), timeout=10).json()["admission_front"])
+    return None
+
+
 def summary_text(result: dict[str, Any]) -> str:
     step, cfg, lat, mem = result["load"], result["config"], result["load"]["latency_ms"], result["memory"]
     edge = f"{mem['edge_s']:.0f} s"
     rows = [
         [k, m["first_mb"], m["last_mb"], m["growth_mb"], m["slope_mb_per_min"]] for k, m in mem["processes"].items()
     ]
-    return (
+    head = (
         f"soak: {cfg['minutes'] * 60:.0f} s of Poisson arrivals at {cfg['rate']:.1f} req/s ({cfg['fraction']:.0%} of "
         f"{result['capacity_step']['throughput_rps']:.1f} measured); {step['requests']} requests, {step['ok']} ok, "
         f"errors {step['errors'] or 'none'}\nlatency (client side, ok requests): p50 {fmt(lat['p50_ms'])} ms, "
         f"p99 {fmt(lat['p99_ms'])} ms, max {fmt(lat['max_ms'])} ms\nmemory per Serve process (RSS, MB: medians of "
         f"the first and the last {edge} of load; n/a: not there the whole run)\n"
-    ) + markdown_table(["process", "first", "last", "growth", "slope MB/min"], rows, digits=2)
+    )
+    table = markdown_table(["process", "first", "last", "growth", "slope MB/min"], rows, digits=2)
+    return head + table + front_line(result)
+
+
+def front_line(result: dict[str, Any]) -> str:
+    front = result.get("admission_front")
+    if not front:
+        return "admission front: unknown (/v1/models did not say)\n"
+    hosts = [h for h, f in front["haproxies"].items() if f["active"]]
+    where = f"in place on {', '.join(hosts)}" if front["in_place"] else "NOT in place"
+    return f"admission front: {where}; {front['requests_without_front']} requests reached the Router without it\n"
 
 
 def run(args: argparse.Namespace, url: str, prom: dashboard.Prometheus | None) -> int:
@@ -178,6 +198,7 @@ def run(args: argparse.Namespace, url: str, prom: dashboard.Prometheus | None) -
         "memory": memory_growth(monitor.series, 60.0, until=args.minutes * 60 + args.sample_every / 2),
         "rss_mb": monitor.series,  # per Serve process: [[s since the load started, MB], ...]
         "panels": panels,  # what Prometheus answered to each panel's PromQL
+        "admission_front": admission_front(url),
     }
     out = args.out or RESULTS_DIR / f"soak-{run_stamp}-{host_name()}.json"
     png = dashboard.render([*panels, memory], write_json(out, result).with_suffix(".png"), result["title"])

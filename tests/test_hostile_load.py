@@ -4,7 +4,8 @@ and the service must survive it.
 configs/local.yaml on its own Ray instance and port (18300), driven by benchmarks.hostile_load (which also runs it
 against any app on this machine for longer: `python -m benchmarks.hostile_load --url ... --attack all`). Each
 attack class runs HOSTILE_LOAD_SECONDS (default 8 s, to keep CI lean; the issue's figure is 30 s) with the issue's
-numbers of attackers: 16 clients, 200 slow-body connections. Per class, the "Done when": the probe's success
+numbers of attackers: 16 clients, 200 slow-body connections, 200 connections trickling a head that never ends.
+Per class, the "Done when": the probe's success
 >= 99% and p99 < 3 s; no replica killed or replaced; the decoding replica's peak RSS under its idle RSS plus
 Limits.preprocessor_memory_bytes (local.yaml decodes in the Router, which gets 300 MB more for what it holds
 besides), every other replica within 300 MB of where the phase started; every answer to
@@ -29,6 +30,7 @@ import ray
 from ray import serve
 
 from app.config import Limits
+from app.front_config import Front
 from app.models import ModelFiles
 from benchmarks import hostile_load
 from benchmarks.procs import is_raylet, proc_table
@@ -148,6 +150,18 @@ def test_compressed_json_bombs_from_16_clients_are_refused_and_normal_requests_k
 def test_slow_bodies_on_200_connections_do_not_starve_normal_requests(attacked: dict[str, Any]) -> None:
     phase = attack(attacked, "slow")
     assert phase["attack_summary"]["opened"] >= 200, phase["attack_summary"]
+    assert not phase["failures"], phase["failures"]
+
+
+def test_trickled_heads_on_200_connections_do_not_starve_normal_requests(attacked: dict[str, Any]) -> None:
+    """Slowloris: heads that never end. The front's `timeout http-request` ends each at head_timeout_s (HAProxy's
+    408); none of them ever reaches a Router (the probe keeps its rate and latency)."""
+    phase = attack(attacked, "slowhead")
+    summary = phase["attack_summary"]
+    assert summary["opened"] >= 200, summary
+    if Front().head_timeout_s + 1 < SECONDS:
+        # ended by the front's deadline, as a 408 (a few may still be connecting when it comes)
+        assert sum(n for k, n in summary["statuses"].items() if k.startswith("408")) >= 180, summary
     assert not phase["failures"], phase["failures"]
 
 

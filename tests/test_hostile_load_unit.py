@@ -345,14 +345,14 @@ def test_tables_and_picture(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- the slow-body client against a toy server
 
 
-def _run_slow(handler: Any, seconds: float, connections: int = 2) -> list[hl.Reply]:
+def _run_slow(handler: Any, seconds: float, connections: int = 2, head: bool = False) -> list[hl.Reply]:
     async def main() -> list[hl.Reply]:
         server = await asyncio.start_server(handler, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         settings = hl.Settings(connections=connections, slow_content_length=1000, slow_interval_s=0.02)
         traffic = hl.Traffic(hl.Target(f"http://127.0.0.1:{port}"), settings, time.perf_counter() + seconds)
         async with server:
-            await traffic.slow_attack()
+            await traffic.slow_attack(head)
         return traffic.replies
 
     return asyncio.run(main())
@@ -390,3 +390,20 @@ def test_slow_connections_closed_without_an_answer_and_left_open_at_the_end() ->
 
     out = _run_slow(patient, 0.5, connections=3)
     assert [o.kind for o in out] == ["open_at_end"] * 3 and all(o.sent >= 10 for o in out)
+
+
+def test_slow_heads_never_end_their_head() -> None:
+    """The slowhead attack: a head whose last header grows a byte at a time, its blank line never sent."""
+    got: list[bytes] = []
+
+    async def answer_408(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        got.append(await reader.readuntil(b"X-Trickle: aaa"))  # the head so far, and three trickled bytes
+        writer.write(b"HTTP/1.1 408 Request Time-out\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    out = _run_slow(answer_408, 1.0, head=True)
+    answered = [o for o in out if o.kind == "response"]
+    assert answered and all(o.status == 408 and o.sent >= 2 for o in answered)
+    assert hl.slow_summary(out)["violations"] == 0
+    assert all(g.startswith(b"POST /v1/classify HTTP/1.1\r\n") and b"\r\n\r\n" not in g for g in got)
