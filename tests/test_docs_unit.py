@@ -1,0 +1,75 @@
+"""The README is a front page and the manual is docs/: every relative link and anchor resolves, the README stays
+short, and every docs page is reachable from it. Pure file reading: no Ray."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^(```|~~~)")
+
+
+def prose(text: str) -> str:
+    """The page without its fenced and indented code blocks (a link-like string there is code, not a link)."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        if FENCE.match(line.strip()):
+            fenced = not fenced
+            continue
+        if not fenced and not line.startswith("    "):
+            out.append(line)
+    return "\n".join(out)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but hyphens dropped, spaces as hyphens."""
+    text = re.sub(r"[`*]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    return {slug(m[1]) for m in re.finditer(r"^#{1,6} (.+)$", prose(page.read_text()), re.M)}
+
+
+def links(page: Path) -> list[str]:
+    return [t for t in LINK.findall(prose(page.read_text())) if not re.match(r"[a-z]+:", t)]
+
+
+def test_the_slug_is_githubs() -> None:
+    assert slug("Triton's tools: perf_analyzer") == "tritons-tools-perf_analyzer"
+    assert slug("OpenAPI and /docs") == "openapi-and-docs"
+    assert slug("Engines: the fastest correct one for the node") == "engines-the-fastest-correct-one-for-the-node"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_and_anchor_resolves(page: Path) -> None:
+    broken = []
+    for target in links(page):
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target}: no heading with that anchor")
+    assert not broken, broken
+
+
+def test_the_checker_finds_a_broken_link_and_anchor(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("# Top\n\n[a](missing.md) [b](#nowhere) [c](#top) [d](https://example.org)\n\n    [e](code.md)\n")
+    assert links(page) == ["missing.md", "#nowhere", "#top"]
+    assert anchors(page) == {"top"}
+
+
+def test_the_readme_is_a_front_page_with_a_map_of_the_manual() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    linked = {(REPO / t.partition("#")[0]).resolve() for t in links(REPO / "README.md")}
+    unlinked = [p.name for p in PAGES[1:] if p.resolve() not in linked]
+    assert not unlinked, unlinked  # every docs page is reachable from the front page
+    assert "make serve" in readme and "make test" in readme  # the two set-up commands
