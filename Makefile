@@ -51,6 +51,7 @@ test: $(STAMP) $(PERF_ANALYZER)      ## the whole suite, slow and multi-node tes
 lint: $(STAMP)
 	$(PY) -m ruff check app tests benchmarks
 	$(PY) -m mypy
+	.venv/bin/lint-imports
 	$(PY) -m app.config configs/local.yaml configs/prod.yaml configs/serve.env configs/examples/*.yaml
 	$(PY) -m app.k8s render --check
 

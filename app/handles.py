@@ -10,6 +10,7 @@ from ray.exceptions import RayActorError, TaskCancelledError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, RequestCancelledError
 from ray.serve.handle import DeploymentHandle
 
+from app import serve_internals
 from app.errors import ServiceError, find_service_error
 from app.payloads import Pixels
 from app.pipeline.ports import Call, ReplicaLost
@@ -152,13 +153,9 @@ class RolloutPorts:
         await self.ledger.set_override.remote(override)
 
     async def load(self) -> dict[str, Any] | None:
-        from ray.experimental.internal_kv import _internal_kv_get
-
-        raw = await asyncio.to_thread(_internal_kv_get, self.key, namespace=self.NAMESPACE)
+        raw = await asyncio.to_thread(serve_internals.kv_get, self.key, self.NAMESPACE)
         return json.loads(raw) if raw else None
 
     async def save(self, state: dict[str, Any]) -> None:
-        from ray.experimental.internal_kv import _internal_kv_put
-
         blob = json.dumps(state).encode()
-        await asyncio.to_thread(_internal_kv_put, self.key, blob, True, namespace=self.NAMESPACE)
+        await asyncio.to_thread(serve_internals.kv_put, self.key, blob, self.NAMESPACE)

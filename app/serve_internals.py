@@ -64,3 +64,19 @@ def running_replicas(deployments: dict[str, str]) -> dict[str, int] | None:
         for key, name in deployments.items()
         if name in found
     }
+
+
+def kv_get(key: bytes, namespace: str) -> bytes | None:
+    """A value in Ray's internal KV store (the GCS's, in Redis with fault tolerance): private
+    (ray.experimental.internal_kv, Ray 2.60), the only durable store a Serve app has without one of its own."""
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    value = _internal_kv_get(key, namespace=namespace)
+    return None if value is None else bytes(value)
+
+
+def kv_put(key: bytes, value: bytes, namespace: str) -> None:
+    """Set (overwrite) a value in Ray's internal KV store (private, as kv_get)."""
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    _internal_kv_put(key, value, True, namespace=namespace)

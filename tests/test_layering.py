@@ -1,11 +1,16 @@
 """The import rules of the serving code: deployments -> http -> pipeline -> the pure cores, one way.
 
-Read from the source (AST) and checked in a fresh interpreter, so a transitive import counts too.
+The contracts are import-linter's (pyproject.toml [tool.importlinter], run by make lint; transitive imports count);
+these tests run it on the tree and on copies with one forbidden import added. Serve's private API is checked here
+(import-linter sees an external package only as its root).
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,46 +20,38 @@ import pytest
 APP = Path(__file__).resolve().parent.parent / "app"
 
 
-def imports(path: Path) -> set[str]:
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-    return found
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """import-linter (`lint-imports`, as make lint runs it) on the `app` package under `root`, with the contracts of
+    pyproject.toml there."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    cmd = [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"]
+    return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=120)
 
 
-def modules(folder: str) -> list[Path]:
-    return sorted((APP / folder).glob("*.py"))
-
-
-def banned(path: Path, prefixes: tuple[str, ...]) -> list[str]:
-    return sorted(m for m in imports(path) if m.split(".")[0] in prefixes or m.startswith(prefixes))
-
-
-@pytest.mark.parametrize("path", modules("pipeline"), ids=lambda p: p.name)
-def test_the_pipeline_imports_neither_ray_nor_starlette_nor_the_layers_above(path: Path) -> None:
-    assert banned(path, ("ray", "starlette", "app.http", "app.deployments", "app.handles")) == []
-
-
-@pytest.mark.parametrize("path", modules("http"), ids=lambda p: p.name)
-def test_http_does_not_import_the_deployments(path: Path) -> None:
-    assert banned(path, ("app.deployments", "app.main")) == []
-
-
-def test_request_reading_is_pure_so_the_peers_can_share_it() -> None:
-    assert banned(APP / "http" / "reading.py", ("ray", "starlette")) == []
-
-
-def test_no_transitive_import_of_ray_or_starlette_from_the_pipeline() -> None:
-    code = (
-        "import sys, app.pipeline.service, app.http.reading\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'starlette'))\n"
-        "print(bad); sys.exit(1 if bad else 0)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], cwd=APP.parent, capture_output=True, text=True, timeout=120)
+def test_the_import_contracts_hold() -> None:
+    done = lint_imports(APP.parent)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 kept, 0 broken" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "edge"),
+    [
+        ("pipeline/admission.py", "import ray", "app.pipeline.admission -> ray"),
+        ("pipeline/service.py", "from app.http import replies", "app.pipeline.service -> app.http.replies"),
+        ("http/v1.py", "import onnxruntime", "app.http.v1 -> onnxruntime"),
+    ],
+)
+def test_a_broken_contract_fails_the_lint(tmp_path: Path, module: str, line: str, edge: str) -> None:
+    """A copy of app/ with one forbidden import added: lint-imports exits non-zero, a contract broken, the import
+    named."""
+    shutil.copytree(APP, tmp_path / "app", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(APP.parent / "pyproject.toml", tmp_path / "pyproject.toml")
+    target = tmp_path / "app" / module
+    target.write_text(target.read_text() + f"\n{line}  # noqa\n")
+    done = lint_imports(tmp_path)
+    assert done.returncode != 0, done.stdout
+    assert re.search(r"Contracts: \d kept, [1-3] broken", done.stdout) and edge in done.stdout, done.stdout
 
 
 def test_serve_private_api_is_touched_in_one_module_only() -> None:
@@ -65,6 +62,7 @@ def test_serve_private_api_is_touched_in_one_module_only() -> None:
         or "_get_serve_request_context" in p.read_text()
         or "_asyncio_router" in p.read_text()
         or "_deployment_config" in p.read_text()
+        or "internal_kv" in p.read_text()
     )
     assert users == ["serve_internals.py"]
 
