@@ -4,6 +4,7 @@ short, and every docs page is reachable from it. Pure file reading: no Ray."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,22 @@ def test_the_readme_is_a_front_page_with_a_map_of_the_manual() -> None:
     unlinked = [p.name for p in PAGES[1:] if p.resolve() not in linked]
     assert not unlinked, unlinked  # every docs page is reachable from the front page
     assert "make serve" in readme and "make test" in readme  # the two set-up commands
+
+
+def test_every_committed_result_is_shown_by_a_page() -> None:
+    """Results are committed only where the docs cite them: each tracked file under benchmarks/results/ carries the
+    stamp (date-time, or its time part after a page's full stamp) of a result set a page names."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "benchmarks/results"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    text = "".join(p.read_text() for p in PAGES)
+    cited = set(re.findall(r"\d{4}-\d{2}-\d{2}-\d{6}", text)) | set(re.findall(r"-(\d{6})-", text))
+    cited |= set(re.findall(r"\d{4}-\d{2}-\d{2}-docs-chromium", text))
+    uncited = []
+    for path in tracked:
+        stamp = re.search(r"\d{4}-\d{2}-\d{2}-(\d{6}|docs-chromium)", path)
+        if stamp is None or not ({stamp[0], stamp[1]} & cited):
+            uncited.append(path)
+    assert not uncited, uncited
