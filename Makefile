@@ -52,6 +52,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check app tests benchmarks
 	$(PY) -m mypy
 	.venv/bin/lint-imports
+	$(PY) -m app.config_reference --check
 	$(PY) -m app.config configs/local.yaml configs/prod.yaml configs/serve.env configs/examples/*.yaml
 	$(PY) -m app.k8s render --check
 

@@ -228,8 +228,8 @@ class CaptureArgs(_Strict):
 
     The encoded images as received (no V2 pixel tensors), one file each under `dir`/<cascade>, with a .json
     beside it (both answers, the margin); `python -m app.models quantize --calibration-dir` reads the
-    directory as it is. Bounded in count, bytes and age; the oldest go first. They are user data: README
-    "Cascade" says what that means."""
+    directory as it is. Bounded in count, bytes and age; the oldest go first. They are user data:
+    docs/ab-rollout-cascade.md ("Cascade") says what that means."""
 
     enabled: bool = Field(False, description="keep the disagreements (off unless asked for)")
     dir: str = Field("captures", description="where; a relative path is relative to the working directory")
@@ -274,7 +274,7 @@ class AppArgs(_Strict):
     """Arguments of `app.main:build_app` (the `args:` block of a Serve config)."""
 
     model: ModelDeclaration = Field(
-        description="the model every variant is a build of: its name, labels, output and preprocessing (README "
+        description="the model every variant is a build of: its name, labels, output and preprocessing (docs/model.md "
         '"Serve your own model"); omitted, the built-in model\'s, when every variant is a built-in file'
     )
     variants: dict[str, VariantArgs] = Field(
@@ -306,12 +306,12 @@ class AppArgs(_Strict):
         "ingress; a crash in a decoder costs one retried call, not a Router and every request it holds). router: in "
         "each Router replica, under the same DecodeBudget (no Preprocessor deployment): one handle call per request "
         "fewer: measured here at c=1, p50 a third lower (46.9 -> 29.8 ms) and 36.6 against 49.4 CPU-ms per image, "
-        'at c=32 within the noise (README "Performance")',
+        "at c=32 within the noise (docs/performance.md)",
     )
     cascades: dict[str, CascadeArgs] = Field(
         default_factory=dict,
         description='name ("int8>fp32") -> a cascade: routable like a variant (weights, the override header, '
-        'shadows, rollouts), no deployment of its own (README "Cascade")',
+        'shadows, rollouts), no deployment of its own (docs/ab-rollout-cascade.md "Cascade")',
     )
     tensorrt: TensorRTArgs = Field(default_factory=TensorRTArgs)
     speed_gate: SpeedGateArgs | None = Field(None, description="refuse or flag variants not faster than a baseline")
@@ -324,7 +324,7 @@ class AppArgs(_Strict):
             return data
         for old, new in (("model_name", "model.name"), ("labels_path", "model.labels_path")):
             if old in data:
-                raise ValueError(f'{old} is now {new}: the model declaration (README "Serve your own model")')
+                raise ValueError(f'{old} is now {new}: the model declaration (docs/model.md "Serve your own model")')
         if "model" in data:
             return data
         variants = data.get("variants") or {}
@@ -335,7 +335,7 @@ class AppArgs(_Strict):
         if own:
             raise ValueError(
                 f"model: required for a variant that is not the built-in model ({own[0]}): its name, and how its "
-                'images are prepared (model.preprocess), are part of the model (README "Serve your own model")'
+                'images are prepared (model.preprocess), are part of the model (docs/model.md "Serve your own model")'
             )
         return {**data, "model": BUILTIN_MODEL}
 
@@ -695,7 +695,7 @@ def validate_serve_config(cfg: dict, app_index: int = 0) -> AppArgs:
     return args
 
 
-# The environment of every Ray process that runs Serve (README "Performance"). Read by `make serve`,
+# The environment of every Ray process that runs Serve (docs/performance.md). Read by `make serve`,
 # the benchmarks, the tests and the RayService renderer, so the laptop, CI and Kubernetes agree.
 SERVE_ENV = Path(__file__).resolve().parent.parent / "configs" / "serve.env"
 _ENV_LINE = re.compile(r"([A-Z_][A-Z0-9_]*)=([^\s'\"#]*)")

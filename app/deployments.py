@@ -6,7 +6,7 @@ straight into the Classifier (with `decode_in: router` it decodes in this proces
 DecodeBudget, and sends the pixels on by value). With Serve's handles by reference (its default) the
 image tensor goes Preprocessor -> object store -> Classifier; with configs/serve.env's
 RAY_SERVE_THROUGHPUT_OPTIMIZED they send by value over gRPC, and Serve awaits that response in the
-Router and sends the pixels on. Measured here (README "Performance"), by value is still the cheaper
+Router and sends the pixels on. Measured here (docs/performance.md), by value is still the cheaper
 of the two: forcing the pixel calls by reference (`handle.options(_by_reference=True)`) raised the
 Router's CPU per single-image request at c=1 from ~6 to ~11 ms and gained nothing at c=32.
 Only the top-k scores come back to the client.

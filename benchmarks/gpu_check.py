@@ -3,7 +3,7 @@
     python -m benchmarks.gpu_check                  # every target, batch 1,8,32,64
     python -m benchmarks.gpu_check --cpu-dry-run    # the same flow on the CPU EP (no GPU needed)
 
-Targets (README "Engines"): trt-int8 (TensorRT EP, the TensorRT INT8 artifact *-int8-trt.onnx), trt-fp16
+Targets (docs/engines.md): trt-int8 (TensorRT EP, the TensorRT INT8 artifact *-int8-trt.onnx), trt-fp16
 (TensorRT EP, FP32 model, FP16 kernels allowed), cuda-fp32 (CUDA EP), cuda-qdq-int8 (CUDA EP on the CPU INT8
 artifact: the slow path the server refuses, measured to show why), planned as the server plans them, CPU EP last.
 Per target, one thread, each start in a fresh process: a cold start (empty engine cache: TensorRT builds) and a

@@ -1,4 +1,4 @@
-"""A user's own model (README "Serve your own model"): where its normalisation runs, and its INT8 against its FP32.
+"""A user's own model (docs/model.md): where its normalisation runs, and its INT8 against its FP32.
 
     python -m benchmarks.own_model            # benchmarks/cascade.py's 360 varied images, about three minutes
     python -m benchmarks.own_model --quick    # 4 variations per photograph

@@ -17,7 +17,7 @@ from tests.conftest import ServeDeployer, deployment, local_config, wait_until
 pytestmark = pytest.mark.slow
 
 # The top-1 of each sample photograph as the service prepares it (the built-in declaration: shorter side 256,
-# centre 224, bicubic): README "The model" says why chelsea is a tiger cat here and grace_hopper a near-tie.
+# centre 224, bicubic): docs/model.md "The model" says why chelsea is a tiger cat here and grace_hopper a near-tie.
 EXPECTED = {"chelsea": 282, "coffee": 967, "rocket": 657}
 
 
@@ -253,7 +253,7 @@ def test_an_image_over_grpcs_default_4_mib_message_limit_is_classified(local_app
     assert r.status_code == 200, r.text
 
 
-# --------------------------------------------------------------------------- the cascade (README "Cascade")
+# --------------------------------------------------------------------------- the cascade (docs/ab-rollout-cascade.md)
 
 CASCADE_PHOTOS = ["chelsea", "coffee", "astronaut", "rocket", "grace_hopper"]
 

@@ -305,8 +305,8 @@ def test_overload_at_four_times_capacity_sheds_in_the_fronts_time_and_stays_heal
     assert set(s for s, _ in by) <= {200, 503}, by  # no 5xx but the documented 503s, no dropped connection
     assert by[(503, "overloaded")] > 0 and by[(200, "")] > 0, by
     assert all(o.retry_after == "1" for o in out if o.status == 503)
-    # With the admission front (configs/serve.env, README "Overload") the excess waits in HAProxy's queue, at no
-    # CPU, and what no Router took within APP_FRONT_QUEUE_TIMEOUT_S is refused then, by HAProxy: not later (the
+    # With the admission front (configs/serve.env, docs/reliability.md "Overload") the excess waits in HAProxy's queue,
+    # at no CPU, and what no Router took within APP_FRONT_QUEUE_TIMEOUT_S is refused then, by HAProxy: not later (the
     # client's own lag included), and never past the Router's deadline. (Behind the front, below its limit, the
     # Router's own admission and paced refusals are tested in tests/test_hostile_http.py.)
     front = Front()  # local.yaml's args.front: the defaults

@@ -93,3 +93,23 @@ def test_every_committed_result_is_shown_by_a_page() -> None:
         if stamp is None or not ({stamp[0], stamp[1]} & cited):
             uncited.append(path)
     assert not uncited, uncited
+
+
+def test_the_configuration_reference_is_generated_and_lists_every_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app import config_reference
+    from app.config import FrontArgs, RouterConfig
+
+    text = config_reference.render()
+    assert (REPO / "docs" / "configuration-reference.md").read_text() == text  # make lint checks the same
+    for key in FrontArgs.model_fields:
+        assert f"`args.front.{key}`" in text
+    for key in RouterConfig.model_fields:
+        assert f"`Router user_config.{key}`" in text
+    stale = tmp_path / "reference.md"
+    stale.write_text(text.replace("max_per_client", "max_per_user"))
+    monkeypatch.setattr(config_reference, "OUT", stale)
+    assert config_reference.main(["--check"]) == 1
+    assert config_reference.main([]) == 0 and stale.read_text() == text
+    assert config_reference.main(["--check"]) == 0

@@ -207,5 +207,5 @@ def test_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
         gpu_check.main(["--help"])
     assert e.value.code == 0 and "--cpu-dry-run" in capsys.readouterr().out
     with pytest.raises(SystemExit) as e:
-        gpu_check.main(["--batches", "1"])  # the batches and targets are fixed: README "Engines"
+        gpu_check.main(["--batches", "1"])  # the batches and targets are fixed: docs/engines.md
     assert e.value.code == 2

@@ -127,5 +127,5 @@ def test_docs_page_renders_in_a_real_headless_browser(local_app: ServeDeployer, 
     shot = tmp_path / "docs.png"
     subprocess.run([browser, *flags, f"--screenshot={shot}", url], capture_output=True, timeout=120, check=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
-    if out := os.environ.get("DOCS_SCREENSHOT"):  # the README's picture: DOCS_SCREENSHOT=path pytest -k headless
+    if out := os.environ.get("DOCS_SCREENSHOT"):  # docs/api.md's picture: DOCS_SCREENSHOT=path pytest -k headless
         shutil.copy(shot, out)

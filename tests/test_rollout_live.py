@@ -93,7 +93,7 @@ def test_a_candidate_that_agrees_is_promoted_step_by_step(local_app: ServeDeploy
     wait_until(lambda: fractions(local_app) == {"fp32": 0.5, "int8": 0.5}, 30, 0.5, "the first step's weights")
     done = wait_until(lambda: finished(local_app), 240, 1.0, "the rollout to finish")
     assert done["state"] == "promoted", done
-    print(json.dumps(done, indent=1))  # the README's worked example
+    print(json.dumps(done, indent=1))  # docs/ab-rollout-cascade.md's worked example
     steps = done["steps"]
     assert [s["weight"] for s in steps] == [50.0, 100.0] and all(s["decision"] == "advance" for s in steps)
     assert all(s["samples"] >= FAST["min_samples"] and s["ci"][0] >= FAST["min_agreement"] for s in steps)

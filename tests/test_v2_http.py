@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 AB, FP32, INT8 = "efficientnet_lite0", "efficientnet_lite0-fp32", "efficientnet_lite0-int8"
 # The top-1 of each sample photograph as the service prepares it (the built-in declaration: shorter side 256,
-# centre 224, bicubic): README "The model" says why chelsea is a tiger cat here and grace_hopper a near-tie.
+# centre 224, bicubic): docs/model.md "The model" says why chelsea is a tiger cat here and grace_hopper a near-tie.
 EXPECTED = {"chelsea": 282, "coffee": 967, "rocket": 657}
 
 

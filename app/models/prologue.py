@@ -9,7 +9,7 @@ order the model declares. Whatever else the graph wants is added in front of it,
 
 with a = scale / std and b = mean / std per channel, so y = x * a - b = (x * scale - mean) / std. Each step
 is there only if needed: the built-in model (uint8 NHWC, normalisation already inside) is served as it is.
-Why a Conv rather than Mul and Sub on NCHW (measured, README "Serve your own model"): the engines re-lay
+Why a Conv rather than Mul and Sub on NCHW (measured, docs/model.md "Serve your own model"): the engines re-lay
 the input for their first convolution, and ONNX Runtime's layout pass moves the Transpose behind the
 arithmetic, so a per-channel Mul and Sub end up broadcasting over an innermost axis of 3: on EfficientNet-
 Lite1's INT8 build that cost ~1.1 ms per image on one core, a quarter of the model, where the 1x1 depthwise

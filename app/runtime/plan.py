@@ -1,6 +1,6 @@
 """Which engine and which execution providers a replica would use: pure, no model loaded.
 
-The rules (README "Engines"):
+The rules (docs/engines.md):
 - GPU replica, `auto`: TensorRT EP first (INT8 from the symmetric S8S8 QDQ artifact; FP16 only where
   configured), CUDA EP for whatever TensorRT does not take. An INT8 variant that would run on the CUDA
   EP without TensorRT is an error: ONNX Runtime's CUDA EP has no INT8 kernels for QDQ graphs, so
@@ -223,8 +223,8 @@ def cpu_choice(session_config: dict[str, str] | None = None) -> EngineChoice:
 def u8s8_overflow_note(variant: str) -> str:
     return (
         f"variant {variant!r}: its INT8 weights can overflow the U8S8 kernels of ONNX Runtime and OpenVINO on "
-        "this CPU (x86 without VNNI: wrong answers, README 'INT8 on x86 CPUs without VNNI'), so it runs on ORT's "
-        f"U8U8 kernels where a layer needs them ({PRECISE_U8S8}): right, but without most of INT8's speed-up. "
+        "this CPU (x86 without VNNI: wrong answers, docs/engines.md 'INT8 on x86 CPUs without VNNI'), so it runs on "
+        f"ORT's U8U8 kernels where a layer needs them ({PRECISE_U8S8}): right, but without most of INT8's speed-up. "
         "Requantize with `python -m app.models quantize` (it limits the weight pairs) to have both"
     )
 
