@@ -26,7 +26,7 @@ $(MODELS): | $(STAMP)
 models: $(MODELS)   ## FP32 + INT8 + TensorRT INT8 + their quality reports (models/), built once
 
 # Serve's environment: configs/serve.env, the admission front's limits from local.yaml's args.front, and the front
-# as Serve's HAProxy. Once the app is ready, a line says whether the front is in place (app/front.py).
+# as Serve's HAProxy. Once the app is ready, a line says whether the front is in place (app/front/).
 serve: $(MODELS)    ## the app on this machine, CPU only, with Serve's environment from configs/serve.env
 	@$(PY) -m app.front status http://127.0.0.1:8000 &
 	set -a && . configs/serve.env && eval "$$($(PY) -m app.front env configs/local.yaml)" && set +a && \
@@ -52,9 +52,9 @@ lint: $(STAMP)
 	$(PY) -m ruff check app tests benchmarks
 	$(PY) -m mypy
 	.venv/bin/lint-imports
-	$(PY) -m app.config_reference --check
+	$(PY) -m app.ops.config_reference --check
 	$(PY) -m app.config configs/local.yaml configs/prod.yaml configs/serve.env configs/examples/*.yaml
-	$(PY) -m app.k8s render --check
+	$(PY) -m app.ops.k8s render --check
 
 # Triton's peer runs in a venv made from the system's Python (benchmarks/baselines/triton_peer.py says why).
 $(TRITON_STAMP): | $(STAMP)
@@ -86,7 +86,7 @@ soak: $(MODELS)     ## 10 minutes at ~70% of capacity: memory per replica, error
 	$(PY) -m benchmarks.soak --start --minutes 10 --shadow-fraction 0.05
 
 k8s: $(STAMP)       ## re-render k8s/rayservice.yaml from configs/prod.yaml
-	$(PY) -m app.k8s render
+	$(PY) -m app.ops.k8s render
 
 clean:
 	rm -rf models .pytest_cache .mypy_cache .ruff_cache .venv-triton .perf_analyzer

@@ -9,12 +9,12 @@ import logging
 
 from ray.serve import Application
 
-from app.classifier import Classifier
 from app.config import AppArgs, classifier_deployment_name
-from app.declaration import ModelDeclaration
-from app.deployments import ABLedger, RolloutController, Router
 from app.models import ModelFiles
-from app.preprocessor import Preprocessor
+from app.models.declaration import ModelDeclaration
+from app.serve.classifier import Classifier
+from app.serve.deployments import ABLedger, RolloutController, Router
+from app.serve.preprocessor import Preprocessor
 
 logger = logging.getLogger("ray.serve")
 

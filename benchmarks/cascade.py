@@ -5,9 +5,9 @@
     python -m benchmarks.cascade --engine cpu   # both on ORT's CPU EP (auto may pick OpenVINO for INT8)
 
 A corpus with variety: every sample photograph under random crops, rotations, blur, noise and JPEG quality
-(deterministic). Each image is decoded as the service decodes it (`app.preprocess`) and run through both
+(deterministic). Each image is decoded as the service decodes it (`app.imaging.preprocess`) and run through both
 variants on the engines a CPU replica would pick (`app.runtime.open_engine`, engine auto, one thread). Half the
-images (every other one) are the evidence `app.cascade.fit_threshold` fits the `auto` threshold from, as live
+images (every other one) are the evidence `app.pipeline.cascade.fit_threshold` fits the `auto` threshold from, as live
 shadow comparisons would be; the other half is where every figure is read:
 - for thresholds 0 to 1: agreement of the cascade's top-1 with FP32's, and the share of images escalated;
 - throughput on one core, measured: decode + INT8 on batches of 16, and FP32 on each batch's escalated images,
@@ -27,10 +27,10 @@ from typing import Any
 import cv2
 import numpy as np
 
-from app.cascade import MarginEvidence, curve, escalate, fit_threshold, margin
+from app.imaging.preprocess import preprocess
 from app.models import builtin_transform
 from app.models.samples import available_photos, sample_bytes
-from app.preprocess import preprocess
+from app.pipeline.cascade import MarginEvidence, curve, escalate, fit_threshold, margin
 from app.runtime import open_engine, softmax, top_k
 from app.runtime.plan import RuntimeOptions
 from benchmarks.environment import REPO, RESULTS_DIR, host_name, print_environment, stamp

@@ -1,4 +1,4 @@
-"""The Grafana dashboard's panels (app.panels) drawn locally: a real Prometheus, started here as a child process
+"""The Grafana dashboard's panels (app.ops.panels) drawn locally: a real Prometheus, started here as a child process
 (Debian's `prometheus`), scrapes Ray's metrics export; after the run every panel's PromQL goes to its query API
 and matplotlib draws the answers. Grafana's variables match everything; $__range is the run.
 """
@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import yaml
 
-from app.panels import PANELS
+from app.ops.panels import PANELS
 from benchmarks.report import pyplot, save_figure
 from benchmarks.server_process import ServerProcess, ServerStartError
 

@@ -26,9 +26,9 @@ HEADERS = ["model", "batch", "ORT CPU EP img/s", "OpenVINO img/s", "OpenVINO / O
 
 
 def bench_model(path: Path) -> dict[str, Any]:
+    from app.imaging.preprocess import preprocess
     from app.models import builtin_transform
     from app.models.samples import available_photos, sample_bytes
-    from app.preprocess import preprocess
     from app.runtime import RuntimeOptions, measure_alternating
     from app.runtime.plan import EngineChoice, cpu_choice
     from app.runtime.select import build

@@ -1,7 +1,7 @@
 """What HAProxy holds per request waiting at the admission front (`python -m benchmarks.front_memory`).
 
-The front makes HAProxy keep a request until it is whole (app/front_config.py): its head, and its body or the first
-Front.buffer_bytes of it. This measures what that costs: the real HAProxy ray[serve] bundles, started through
+The front makes HAProxy keep a request until it is whole (app/front/haproxy_config.py): its head, and its body or
+the first Front.buffer_bytes of it. This measures what that costs: the real HAProxy ray[serve] bundles, started through
 `app-haproxy` as Serve starts it, on a config Serve's own renderer writes, with the front's limits from
 configs/local.yaml's args.front (the head and body deadlines lifted to a minute, so nothing is ended while it is
 measured). Three kinds of waiting connection, each at 250, 500 and 1,000 connections at once:
@@ -36,7 +36,7 @@ import psutil
 import yaml
 
 from app.front import config_env
-from app.front_config import Front
+from app.front.haproxy_config import Front
 from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.report import markdown_table, pyplot, save_figure, write_report
 
@@ -70,7 +70,7 @@ def serve_config(tmp: Path, port: int, replica_port: int, replicas: int = 1, oth
     )
     cfg.http_options.host, cfg.http_options.port = "127.0.0.1", port
     cfg.grpc_options.port = free_port()
-    cfg.grpc_options.grpc_servicer_functions = ["app.v2_grpc.add_servicer"]  # any: it only turns gRPC on
+    cfg.grpc_options.grpc_servicer_functions = ["app.protocol.v2_grpc.add_servicer"]  # any: it only turns gRPC on
     name = "SERVE_REPLICA_classifier-Router-{}"
     servers = [ServerConfig(name.format(i), "127.0.0.1", replica_port + i) for i in range(replicas)]
     fallback = ServerConfig("SERVE_PROXY_ACTOR-fallback", "127.0.0.1", free_port())

@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 import onnx
 
+from app.imaging.preprocess import preprocess
 from app.models import builtin_transform
 from app.models.quantize import QuantizeOptions, quantize
 from app.models.report import DISABLE_QDQ_FUSION
 from app.models.samples import augmented_samples
 from app.models.u8s8 import pair_problems
-from app.preprocess import preprocess
 from app.runtime.openvino_engine import openvino_available
 from app.runtime.plan import PRECISE_U8S8, EngineChoice, RuntimeOptions, cpu_choice
 from app.runtime.select import build

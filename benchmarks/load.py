@@ -35,9 +35,9 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from app import v2
-from app.front_config import Front
+from app.front.haproxy_config import Front
 from app.models import MODEL_NAME
+from app.protocol import v2
 from benchmarks.corpus import SIZES, CorpusImage, build_corpus
 from benchmarks.report import fmt
 from benchmarks.stats import PERCENTILES, latency_summary, median

@@ -67,8 +67,8 @@ def bench_variant(
     variant: str, path: str, device: str, threads: int, batch_sizes: Sequence[int], timing: dict[str, Any]
 ) -> dict[str, Any]:
     """Load one model and time it at every batch size. Meant to run in a fresh process."""
+    from app.imaging.preprocess import preprocess
     from app.models import builtin_transform
-    from app.preprocess import preprocess
     from app.runtime import onnxruntime_engine
     from benchmarks.corpus import build_corpus
     from benchmarks.device import gpu_used_mib, runtime_options

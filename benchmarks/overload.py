@@ -10,7 +10,7 @@ refusals. After the last step: how long until a request succeeds again. Then ope
 and 10x the capacity measured at 32 connections (the Python client of benchmarks/load.py).
 
 Targets:
-- "app": configs/local.yaml + serve.env with the admission front (app/front.py), its limits from local.yaml's
+- "app": configs/local.yaml + serve.env with the admission front (app/front/), its limits from local.yaml's
   args.front. HAProxy lets maxconn_per_replica requests into the Router at once and holds the rest in its queue;
   what waited queue_timeout_s gets a JSON 503 from HAProxy (the wait paces clients that resend at once). wrk sends
   no X-User-Id, so the per-client bound does not apply (benchmarks/fairness.py measures it).

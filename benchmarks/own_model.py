@@ -6,7 +6,7 @@
 The model is configs/examples/efficientnet-lite1.yaml's: EfficientNet-Lite1 at 240 px exported as PyTorch users
 export it (float32 NCHW, (x - 127) / 128 outside the graph), and its INT8 build by `python -m app.models quantize`
 (both under models/, made by the commands at the top of that file). Every image is prepared as that config
-declares (app.model_io.Preparation: the Preprocessor's own `preprocess`, shorter side 274, centre 240, bicubic).
+declares (app.models.model_io.Preparation: the Preprocessor's own `preprocess`, shorter side 274, centre 240, bicubic).
 
 1. Where the normalisation runs, per engine a CPU replica may pick (ORT's CPU EP, OpenVINO), FP32 and INT8, one
    thread, batches of 16, CPU time per image, the ways alternating round by round:
@@ -34,8 +34,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from app.config import AppArgs
-from app.graph import read_graph
-from app.model_io import Preparation
+from app.models.graph import read_graph
+from app.models.model_io import Preparation
 from app.models.prologue import PIXELS, normalise, served_model
 from app.runtime.openvino_engine import openvino_available
 from app.runtime.plan import EngineChoice, RuntimeOptions, cpu_choice

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     if reason:
         print(reason, file=sys.stderr)
         return 2
-    from app import v2
+    from app.protocol import v2
     from benchmarks.corpus import SIZES, build_corpus
     from benchmarks.environment import describe_environment, host_name, stamp
     from benchmarks.load import Workload, wrk_step

@@ -18,9 +18,9 @@ from typing import Any
 import cv2
 import numpy as np
 
+from app.imaging.preprocess import preprocess
 from app.models import builtin_transform, default_files
 from app.models.samples import EVAL_PHOTOS, sample_bytes
-from app.preprocess import preprocess
 from app.runtime import cpu_engine, softmax, top_k
 from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.model_bench import time_runs

@@ -3,7 +3,7 @@
     python -m benchmarks.recalibrate            # benchmarks/cascade.py's 360 images, a few minutes
     python -m benchmarks.recalibrate --quick    # 8 variations per photograph
 
-The cascade's capture (app/capture.py) keeps the images on which INT8 and FP32 disagree, as a directory
+The cascade's capture (app/pipeline/capture.py) keeps the images on which INT8 and FP32 disagree, as a directory
 `python -m app.models quantize --calibration-dir` reads. Here that loop runs offline on the varied corpus: the
 fit half's disagreements (what the capture would have kept from that traffic) calibrate new INT8 builds
 (`app.models.quantize.quantize`, minmax, as the default build), and every build is read on the held-out half:
@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from app.cascade import MarginEvidence, curve, fit_threshold, margin
+from app.imaging.preprocess import preprocess
 from app.models import builtin_transform
 from app.models.quantize import QuantizeOptions, quantize
 from app.models.samples import augmented_samples
-from app.preprocess import preprocess
+from app.pipeline.cascade import MarginEvidence, curve, fit_threshold, margin
 from app.runtime import open_engine, softmax, top_k
 from app.runtime.plan import RuntimeOptions
 from benchmarks.cascade import BATCH, TARGET, corpus, corpus_main

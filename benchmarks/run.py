@@ -70,7 +70,7 @@ class Target:
     sweep: tuple[int, ...] = ()  # its concurrency levels; empty: the plan's
     pairs: int = 1  # of the "batch" workload
     one_model: bool = False  # serves one V2 model (no per-variant names): V2 steps name the model, not a variant
-    front: bool = True  # this app's targets: HAProxy runs as the admission front (app/front.py); peers never
+    front: bool = True  # this app's targets: HAProxy runs as the admission front (app/front/); peers never
     env: tuple[tuple[str, str], ...] = ()  # on top of configs/serve.env (a variant of the front's limits)
 
     @property

@@ -7,7 +7,7 @@
 --start runs configs/local.yaml on --port on a private local Ray whose metrics export is at --metrics-port,
 scraped by a real Prometheus (Debian's `prometheus`). A closed-loop step measures capacity, then
 benchmarks.load's open loop offers --fraction of it for --minutes while every Serve process's RSS is read (psutil).
-Writes benchmarks/results/soak-<date>-<host>.json and .png (app.panels queried from Prometheus, and memory per
+Writes benchmarks/results/soak-<date>-<host>.json and .png (app.ops.panels queried from Prometheus, and memory per
 process); prints memory growth (first vs last minute), errors and p50/p99.
 """
 

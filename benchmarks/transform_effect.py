@@ -10,7 +10,7 @@ under models/, made by the commands at the top of that file). For each, on the v
   with area interpolation, what every model got before the declaration);
 - INT8's top-1 agreement with FP32, each way calibrated and served with its own transform (an INT8 build
   calibrated on squashed images is made here, in a temporary directory, like the shipped one otherwise);
-- the decode's CPU time per image (app.preprocess.preprocess, one thread), each way.
+- the decode's CPU time per image (app.imaging.preprocess.preprocess, one thread), each way.
 Writes benchmarks/results/<stamp>-<host>-transform-effect.{json,md,png}.
 """
 
@@ -26,9 +26,9 @@ import numpy as np
 import yaml
 
 from app.config import AppArgs
-from app.declaration import ModelDeclaration
-from app.graph import read_graph
-from app.model_io import Preparation
+from app.models.declaration import ModelDeclaration
+from app.models.graph import read_graph
+from app.models.model_io import Preparation
 from app.models.prologue import served_model
 from app.models.quantize import QuantizeOptions, quantize
 from app.models.samples import augmented_samples

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from app.imaging.transform import Transform
 from app.models import ModelFiles, default_files
-from app.transform import Transform
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -216,8 +216,9 @@ def local_app(serve_deployer: ServeDeployer, model_files: ModelFiles) -> ServeDe
 
 
 class BlockingDecode:
-    """Stands in for `app.preprocess.preprocess` (monkeypatched into app.preprocessor): each call records the
-    image's size, says it started, and blocks its decode thread until `release` is set; then a black image."""
+    """Stands in for `app.imaging.preprocess.preprocess` (monkeypatched into app.serve.preprocessor): each call
+    records the image's size, says it started, and blocks its decode thread until `release` is set; then a black
+    image."""
 
     def __init__(self) -> None:
         self.calls: list[int] = []

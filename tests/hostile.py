@@ -18,7 +18,7 @@ layer: which part of the service gives the verdict.
   "router"      the HTTP layer, before any image byte is interpreted: body size
                 (payload_too_large), media type (unsupported_media_type), multipart
                 framing (bad_multipart, missing_file, too_many_files).
-  "preprocess"  `app.preprocess.preprocess` on the image bytes: empty_body,
+  "preprocess"  `app.imaging.preprocess.preprocess` on the image bytes: empty_body,
                 undecodable_image, too_many_pixels, decode_budget_exceeded (413: within
                 the pixel and body limits, but decoding would take more memory than the
                 decode budget), unsupported_image (415: a layout OpenCV misreads), or 200.
@@ -59,7 +59,7 @@ import numpy as np
 from PIL import Image
 
 from app.errors import STATUS
-from app.preprocess import cv2  # OpenCV as app.preprocess loads it: after setting its pixel guard
+from app.imaging.preprocess import cv2  # OpenCV as app.imaging.preprocess loads it: after setting its pixel guard
 
 Kind = Literal["raw", "multipart", "raw_body"]
 Layer = Literal["router", "preprocess"]

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from app.abstats import ABStats, LatencyHistogram, compare_top, wilson_interval
+from app.pipeline.abstats import ABStats, LatencyHistogram, compare_top, wilson_interval
 
 
 def test_wilson_interval_known_values() -> None:

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from app import v2
 from app.config import Limits
 from app.http.reading import multipart_images
+from app.imaging.preprocess import probe_dimensions
 from app.models import ModelFiles
-from app.preprocess import probe_dimensions
+from app.protocol import v2
 from benchmarks.corpus import SIZES, CorpusImage, build_corpus, describe, render
 from benchmarks.load import (
     NonLoopbackURL,

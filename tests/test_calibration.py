@@ -9,8 +9,8 @@ import cv2
 import numpy as np
 import pytest
 
+from app.imaging.preprocess import preprocess
 from app.models.calibration import ImageCalibrationReader, list_images, sample_directory
-from app.preprocess import preprocess
 
 SIZES = {"a_class": 2, "b_class": 5, "c_class": 10}
 

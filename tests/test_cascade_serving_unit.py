@@ -1,6 +1,6 @@
 """Serving a cascade (app/pipeline/cascading.py) without Ray: the escalation rule on real pipeline groups, the
 merged answers, a `then` that cannot answer, the evidence the shadows collect for `margin: auto`, the fit, and
-the calibration capture (app/capture.py) on a real directory.
+the calibration capture (app/pipeline/capture.py) on a real directory.
 
 The Classifiers are FakeBackend's (tests/test_pipeline_unit.py). An image is one byte v: INT8 answers it with
 top-1 margin v/200, and with a wrong class when v is odd; FP32 always answers class v.
@@ -19,18 +19,18 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from app.abstats import ABStats
-from app.capture import CaptureStore, directory_name
-from app.cascade import MarginEvidence
 from app.config import AppArgs, CaptureArgs, CascadeArgs, RouterConfig
 from app.errors import ServiceError
+from app.imaging.payloads import Pixels
+from app.imaging.transform import Transform
 from app.models.calibration import list_images
-from app.payloads import Pixels
+from app.pipeline.abstats import ABStats
+from app.pipeline.capture import CaptureStore, directory_name
+from app.pipeline.cascade import MarginEvidence
 from app.pipeline.cascading import Cascades
+from app.pipeline.routing import Choice, WeightedSplit
 from app.pipeline.service import Outcome, Pipeline
 from app.rollout.spec import RolloutSpec
-from app.routing import Choice, WeightedSplit
-from app.transform import Transform
 from tests.test_pipeline_unit import FakeBackend, FakeCall, Metrics, no_ray, run, until  # noqa: F401 (no_ray: autouse)
 
 CASCADE = "int8>fp32"

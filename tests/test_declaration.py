@@ -1,4 +1,4 @@
-"""The model declaration (`args.model`, app/declaration.py): what it may say, what the graph refuses, and
+"""The model declaration (`args.model`, app/models/declaration.py): what it may say, what the graph refuses, and
 `python -m app.config` naming the field of each contradiction without starting anything. Pure: no Ray."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import yaml
 from pydantic import ValidationError
 
 from app.config import AppArgs
-from app.declaration import ModelDeclaration, PreprocessDeclaration
-from app.graph import graph_io_of
 from app.models import BUILTIN_MODEL
+from app.models.declaration import ModelDeclaration, PreprocessDeclaration
+from app.models.graph import graph_io_of
 from tests.conftest import REPO, load_config
 from tests.test_prologue import CLASSES, H, W, classifier
 

@@ -1,4 +1,4 @@
-"""app.decode_budget.DecodeBudget, and the Preprocessor's use of it: pure asyncio, no Ray, no sleeps.
+"""app.imaging.decode_budget.DecodeBudget, and the Preprocessor's use of it: pure asyncio, no Ray, no sleeps.
 
 Ordering is forced with asyncio events and queues (threading events for worker threads); the only
 clock is in the deadline tests, whose subject is a deadline."""
@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-import app.preprocessor as preprocessor_module
+import app.serve.preprocessor as preprocessor_module
 from app.config import Limits
-from app.decode_budget import DecodeBudget, slots_for
 from app.errors import ServiceError
-from app.preprocess import estimate_decode_bytes
+from app.imaging.decode_budget import DecodeBudget, slots_for
+from app.imaging.preprocess import estimate_decode_bytes
 from tests.conftest import BlockingDecode
 from tests.hostile import cv_encode, pattern_image, png_16bit_rgba_bomb, tiff_from_array
 

@@ -98,8 +98,8 @@ def test_every_committed_result_is_shown_by_a_page() -> None:
 def test_the_configuration_reference_is_generated_and_lists_every_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app import config_reference
     from app.config import FrontArgs, RouterConfig
+    from app.ops import config_reference
 
     text = config_reference.render()
     assert (REPO / "docs" / "configuration-reference.md").read_text() == text  # make lint checks the same

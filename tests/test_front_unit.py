@@ -1,4 +1,4 @@
-"""The admission front (app/front.py) on configs rendered by Serve's own HAProxy code, run by the real HAProxy.
+"""The admission front (app/front/) on configs rendered by Serve's own HAProxy code, run by the real HAProxy.
 
 No Ray: Serve's config renderer (HAProxyApi) is plain Python, and HAProxy is the binary ray[serve] bundles. The
 last tests put HAProxy with the front's config in front of a tiny HTTP server that holds its requests, so the queue,
@@ -42,7 +42,7 @@ from app.front import (
     real_haproxy,
     rewrite,
 )
-from app.front_config import HEADER, V1_408, V1_429, V2_408, parse_header
+from app.front.haproxy_config import HEADER, V1_408, V1_429, V2_408, parse_header
 from benchmarks.front_memory import serve_config
 from tests.conftest import REPO, free_port, wait_until
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from app.metrics import HeldGauges
+from app.serve.metrics import HeldGauges
 from tests.conftest import wait_until
 
 

@@ -193,7 +193,7 @@ def test_overload_on_one_machine_waits_then_sheds_with_503_not_errors(
 
 
 def test_haproxy_runs_the_admission_front(local_app: ServeDeployer) -> None:
-    """The tests' Serve runs configs/serve.env as `make serve` does: HAProxy is the front (app/front.py), so each
+    """The tests' Serve runs configs/serve.env as `make serve` does: HAProxy is the front (app/front/), so each
     Router replica has HAProxy's per-server limit (tests/test_front_unit.py checks what HAProxy does with it)."""
     import csv
     import io

@@ -30,7 +30,7 @@ import ray
 from ray import serve
 
 from app.config import Limits
-from app.front_config import Front
+from app.front.haproxy_config import Front
 from app.models import ModelFiles
 from benchmarks import hostile_load
 from benchmarks.procs import is_raylet, proc_table

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from app import v2
 from app.config import Limits
 from app.errors import ServiceError
-from app.preprocess import check_header
+from app.imaging.preprocess import check_header
+from app.protocol import v2
 from benchmarks import hostile_load as hl
 from benchmarks.load import NonLoopbackURL
 from benchmarks.procs import Monitor, Proc

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from app.config import AppArgs, RouterConfig
 from app.http.ingress import Ingress
+from app.serve.metrics import RouterMetrics
 from tests.test_pipeline_unit import FakeBackend
 
 VARIANTS = ["fp32", "int8", "mobilenet"]
@@ -20,7 +21,7 @@ def ingress() -> Ingress:
             "build_default_models": False,
         }
     )
-    ing = Ingress(args, FakeBackend(), VARIANTS, "r1")
+    ing = Ingress(args, FakeBackend(), VARIANTS, "r1", RouterMetrics(args.model.name))
     ing.configure(RouterConfig.model_validate(CONFIG))
     return ing
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app import k8s
+from app.ops import k8s
 
 REPO = Path(__file__).resolve().parent.parent
 K8S = REPO / "k8s"
@@ -416,7 +416,9 @@ def test_rayservice_follows_kuberay_operator_rules(rendered: tuple[str, list[dic
 
 def test_rendered_files_are_committed_byte_for_byte() -> None:
     for path, text in k8s.render(REPO).items():
-        assert (REPO / path).read_bytes() == text.encode("utf-8"), f"{path} is stale: run `python -m app.k8s render`"
+        assert (REPO / path).read_bytes() == text.encode("utf-8"), (
+            f"{path} is stale: run `python -m app.ops.k8s render`"
+        )
 
 
 def test_serve_config_v2_is_configs_prod_yaml() -> None:
@@ -1130,7 +1132,7 @@ def test_the_ldd_check_agrees_with_ldd_on_the_installed_providers(tmp_path: Path
 
 
 def test_the_cpu_overlay_serves_the_cpu_int8_artifact_not_the_tensorrt_one() -> None:
-    from app.k8s import cpu_serve_config
+    from app.ops.k8s import cpu_serve_config
 
     prod = yaml.safe_load(Path("configs/prod.yaml").read_text())
     assert prod["applications"][0]["args"]["variants"]["int8"]["model_path"].endswith("-int8-trt.onnx")
@@ -1143,7 +1145,7 @@ def test_the_image_runs_the_admission_front_as_serves_haproxy() -> None:
     steps = dockerfile(K8S / "Dockerfile")
     env = " ".join(a for i, a in steps if i == "ENV")
     path = re.search(r"RAY_SERVE_HAPROXY_BINARY_PATH=(\S+)", env)
-    assert path and path.group(1).endswith("/bin/app-haproxy"), "Serve must start the front (app/front.py)"
+    assert path and path.group(1).endswith("/bin/app-haproxy"), "Serve must start the front (app/front/)"
     install = next(a for i, a in steps if i == "RUN" and a.startswith("pip install"))
     assert 'test "$(command -v app-haproxy)" = "$RAY_SERVE_HAPROXY_BINARY_PATH"' in install  # built where it points
     assert 'app-haproxy = "app.front:main"' in _pyproject()

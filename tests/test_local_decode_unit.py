@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-import app.preprocessor as preprocessor_module
+import app.serve.preprocessor as preprocessor_module
 from app.config import AppArgs, Limits, validate_serve_config
 from app.errors import ServiceError
-from app.handles import ServeBackend
-from app.payloads import Pixels
-from app.preprocessor import Decoder
+from app.imaging.payloads import Pixels
+from app.serve.handles import ServeBackend
+from app.serve.preprocessor import Decoder
 from tests.conftest import BlockingDecode, load_config
 from tests.hostile import cv_encode, pattern_image, png_16bit_rgba_bomb
 

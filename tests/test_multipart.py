@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from app.errors import ServiceError
-from app.multipart import boundary_of, parse_multipart
+from app.http.multipart import boundary_of, parse_multipart
 
 
 def encode(files: list[tuple[str, bytes, str]], fields: dict[str, str] | None = None) -> tuple[bytes, str]:

@@ -17,7 +17,6 @@ from openapi_spec_validator import OpenAPIV31SpecValidator
 from starlette.requests import Request
 
 from app import __version__
-from app.abstats import ABStats
 from app.config import Limits, RouterConfig
 from app.errors import STATUS, ServiceError
 from app.http import docs
@@ -25,6 +24,7 @@ from app.http.ingress import Ingress
 from app.http.openapi import OPERATIONS, build_openapi
 from app.http.rollout import RolloutAPI
 from app.http.v1 import V1
+from app.pipeline.abstats import ABStats
 from tests.openapi_support import check, component, declared, fits
 
 VARIANTS = ["fp32", "int8"]

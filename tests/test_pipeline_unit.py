@@ -15,18 +15,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.abstats import ABStats
 from app.config import RouterConfig
 from app.errors import ServiceError
-from app.payloads import Pixels, Scores
+from app.imaging.payloads import Pixels, Scores
+from app.imaging.transform import Transform
+from app.pipeline.abstats import ABStats
 from app.pipeline.admission import Admission, Limits
 from app.pipeline.coalescer import Coalescer, Waiter
 from app.pipeline.failover import Failover
 from app.pipeline.ports import ReplicaLost
+from app.pipeline.routing import Choice, WeightedSplit
 from app.pipeline.service import Pipeline
 from app.pipeline.shadow import Evidence, Shadow
-from app.routing import Choice, WeightedSplit
-from app.transform import Transform
 
 SPLIT = WeightedSplit({"fp32": 1.0, "int8": 1.0})
 

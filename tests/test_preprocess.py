@@ -1,4 +1,4 @@
-"""app.preprocess: every format and oddity it must read, every bomb it must refuse, and the contract
+"""app.imaging.preprocess: every format and oddity it must read, every bomb it must refuse, and the contract
 that nothing but a uint8 (size, size, 3) array or an ImageInputError comes out, whatever the bytes."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
-from app import preprocess as pre
 from app.config import Limits
 from app.errors import STATUS, ImageInputError
-from app.preprocess import (
+from app.imaging import preprocess as pre
+from app.imaging.preprocess import (
     DEFAULT_MAX_DECODE_BYTES,
     DEFAULT_MAX_PIXELS,
     _decode_checked,
@@ -527,7 +527,7 @@ def test_max_pixels_above_opencv_limit_is_capped_to_it() -> None:
 _GUARD_SCRIPT = """
 {first}
 import numpy as np
-from app import preprocess as pre
+from app.imaging import preprocess as pre
 from app.errors import ImageInputError
 from tests.hostile import png_bomb
 
@@ -551,11 +551,11 @@ print(raw, fooled, pre.opencv_pixel_guard_active())
 @pytest.mark.parametrize(
     ("first", "expected"),
     [("", "refused too_many_pixels True"), ("import cv2", "decoder-ran undecodable_image False")],
-    ids=["app.preprocess-first", "cv2-first"],
+    ids=["app.imaging.preprocess-first", "cv2-first"],
 )
 def test_opencv_pixel_guard_is_the_second_line(first: str, expected: str) -> None:
     """OPENCV_IO_MAX_IMAGE_PIXELS refuses an over-limit image even when the header probe is fooled.
-    OpenCV reads it once, when cv2 loads, so app.preprocess has to be imported first (it warns if not;
+    OpenCV reads it once, when cv2 loads, so app.imaging.preprocess has to be imported first (it warns if not;
     the guard is then off and the fooled probe lets the decoder allocate the 40 Mpx image, which only
     fails on its missing data). Run in a fresh interpreter: the test session's import order is not ours."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENCV_")}
@@ -1029,13 +1029,13 @@ def test_opencv_logging_is_quiet() -> None:
 
 def test_bad_inputs_leave_no_opencv_log_lines(tmp_path: Path) -> None:
     """OpenCV logs each failed decode at ERROR ("can't read header", TIFF_Error ...); silenced here.
-    (libjpeg's and libpng's own stderr lines are not OpenCV's to silence; see app/preprocess.py.)"""
+    (libjpeg's and libpng's own stderr lines are not OpenCV's to silence; see app/imaging/preprocess.py.)"""
     bad = [c.body for c in hostile_cases() if c.layer == "preprocess" and c.expected_status == 400]
     corpus = tmp_path / "bad.bin"
     corpus.write_bytes(b"".join(struct.pack("<I", len(b)) + b for b in bad))
     script = (
         "import struct, sys\n"
-        "from app.preprocess import preprocess\n"
+        "from app.imaging.preprocess import preprocess\n"
         "from app.errors import ImageInputError\n"
         "blob, pos, n = open(sys.argv[1], 'rb').read(), 0, 0\n"
         "while pos < len(blob):\n"

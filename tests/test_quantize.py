@@ -10,9 +10,10 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from app.graph import read_graph
+from app.imaging.preprocess import preprocess
 from app.models import ModelFiles
 from app.models import report as report_module
+from app.models.graph import read_graph
 from app.models.quantize import QuantizeOptions, builtin_model, quantize, tensorrt_problems
 from app.models.report import (
     BATCH_SIZES,
@@ -27,7 +28,6 @@ from app.models.report import (
 )
 from app.models.samples import EVAL_PHOTOS, augmented_samples, available_photos, sample_bytes
 from app.models.u8s8 import pair_problems
-from app.preprocess import preprocess
 from app.runtime import OrtEngine, RuntimeOptions, cpu_engine, open_engine
 from app.runtime.select import x86_without_vnni
 

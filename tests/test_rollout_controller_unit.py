@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from app.abstats import ABStats
 from app.errors import ServiceError
+from app.pipeline.abstats import ABStats
 from app.rollout.board import RolloutBoard, config_id
 from app.rollout.controller import SHADOW_FLOOR, RolloutService
 

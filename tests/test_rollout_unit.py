@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from app.abstats import ABStats, PairStats, wilson_interval
+from app.pipeline.abstats import ABStats, PairStats, wilson_interval
 from app.rollout.bounds import agreement_bounds, proportion_bounds, quantile_lower_rank
 from app.rollout.decide import decide
 from app.rollout.evidence import LedgerCounts, StepEvidence, VariantCounts

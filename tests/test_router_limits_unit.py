@@ -1,5 +1,5 @@
-"""The Router's limits without Ray: bodies (app/body.py), request guards (app/guards.py) and the V2
-parser processes (app/parse_pool.py). The HTTP side of the same limits is in tests/test_hostile_http.py."""
+"""The Router's limits without Ray: bodies (app/request/body.py), request guards (app/request/guards.py) and the V2
+parser processes (app/protocol/parse_pool.py). The HTTP side of the same limits is in tests/test_hostile_http.py."""
 
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from app import v2
-from app.body import RATIO_FLOOR, BodyGate, check_encoding, content_length, inflate, inflate_limit
 from app.config import Limits, RouterConfig
 from app.errors import STATUS, ServiceError
-from app.guards import (
+from app.protocol import v2
+from app.protocol.parse_pool import INLINE_JSON_BYTES, ParsePool, parse_request
+from app.request.body import RATIO_FLOOR, BodyGate, check_encoding, content_length, inflate, inflate_limit
+from app.request.guards import (
     admin_token,
     bearer,
     check_admin,
@@ -31,7 +32,6 @@ from app.guards import (
     parse_top_k,
     wall_deadline,
 )
-from app.parse_pool import INLINE_JSON_BYTES, ParsePool, parse_request
 
 LIMITS = Limits()
 HW = (224, 224)

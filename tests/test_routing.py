@@ -7,7 +7,7 @@ import random
 import pytest
 
 from app.errors import ServiceError
-from app.routing import WeightedSplit, choose_variant, failover_order, sticky_point
+from app.pipeline.routing import WeightedSplit, choose_variant, failover_order, sticky_point
 
 KNOWN = {"int8", "fp32"}
 
@@ -74,7 +74,7 @@ def test_failover_order_prefers_weighted_variants() -> None:
 
 
 def test_health_hold_expires_and_running_count_gates() -> None:
-    from app.routing import VariantHealth
+    from app.pipeline.routing import VariantHealth
 
     h = VariantHealth(hold_s=2.0)
     assert h.available("int8", 0.0)  # unknown counts are assumed up until the first poll
@@ -85,7 +85,7 @@ def test_health_hold_expires_and_running_count_gates() -> None:
 
 
 def test_candidates_skip_down_variants_and_never_fail_over_a_forced_choice() -> None:
-    from app.routing import Choice, VariantHealth, candidates
+    from app.pipeline.routing import Choice, VariantHealth, candidates
 
     split = WeightedSplit({"int8": 1, "fp32": 3})
     h = VariantHealth()
@@ -104,7 +104,7 @@ def test_candidates_skip_down_variants_and_never_fail_over_a_forced_choice() -> 
 
 
 def test_a_handle_with_no_routable_replica_means_down_at_once() -> None:
-    from app.routing import Choice, VariantHealth, candidates
+    from app.pipeline.routing import Choice, VariantHealth, candidates
 
     split = WeightedSplit({"int8": 1, "fp32": 1})
     h = VariantHealth()

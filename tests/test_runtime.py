@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from app.imaging.preprocess import preprocess
 from app.models.samples import EVAL_PHOTOS, available_photos, sample_bytes
-from app.preprocess import preprocess
 from app.runtime import measure as measure_module
 from app.runtime.__main__ import main as plan_main
 from app.runtime.measure import SpeedGate, Throughput, judge, measure_alternating

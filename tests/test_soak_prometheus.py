@@ -1,5 +1,5 @@
 """The soak's dashboard against the real `prometheus` binary (Debian's package; .ci/run installs it): a tiny
-exporter serves Ray-named series in Prometheus text format, Prometheus scrapes it, and every panel of app.panels
+exporter serves Ray-named series in Prometheus text format, Prometheus scrapes it, and every panel of app.ops.panels
 is queried through the HTTP API as the soak does. No Ray."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from app.panels import PANELS
+from app.ops.panels import PANELS
 from benchmarks.dashboard import Prometheus, fetch, render
 
 APP = 'application="classifier"'

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app.panels import GRAFANA, PANELS, grafana_json
+from app.ops.panels import GRAFANA, PANELS, grafana_json
 from benchmarks import sweep
 from benchmarks.dashboard import legend, local_expr
 from benchmarks.procs import Proc, process_label, raylet_above, serve_processes
@@ -214,8 +214,8 @@ def test_app_config_changes_only_the_ports_and_shadow_fraction() -> None:
 
 
 def app_metrics() -> dict[str, tuple[str, set[str]]]:
-    """name -> (kind, tag keys) of every metric app/metrics.py defines, read from its source."""
-    tree = ast.parse((REPO / "app" / "metrics.py").read_text())
+    """name -> (kind, tag keys) of every metric app/serve/metrics.py defines, read from its source."""
+    tree = ast.parse((REPO / "app" / "serve" / "metrics.py").read_text())
     out = {}
     for node in ast.walk(tree):
         if (
@@ -245,7 +245,7 @@ def exported_names() -> dict[str, set[str]]:
 
 def test_the_committed_dashboard_is_generated_from_panels() -> None:
     assert GRAFANA.read_text() == grafana_json(), (
-        "k8s/monitoring/grafana-dashboard.json is stale: python -m app.panels --write"
+        "k8s/monitoring/grafana-dashboard.json is stale: python -m app.ops.panels --write"
     )
 
 

@@ -1,4 +1,4 @@
-"""The Preprocessor's half of a declaration (app/transform.py): squash, or shorter side then centre crop, in the
+"""The Preprocessor's half of a declaration (app/imaging/transform.py): squash, or shorter side then centre crop, in the
 graph's channel order; torchvision's arithmetic, computed here by hand. Pure: OpenCV and numpy, no Ray."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import cv2
 import numpy as np
 import pytest
 
-from app.preprocess import preprocess
-from app.transform import MAX_ASPECT, Transform
+from app.imaging.preprocess import preprocess
+from app.imaging.transform import MAX_ASPECT, Transform
 
 
 def bgr(h: int, w: int, seed: int = 0) -> np.ndarray:

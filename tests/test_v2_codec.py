@@ -1,4 +1,4 @@
-"""The Open Inference Protocol codec (app/v2.py) against the real, unmodified tritonclient.
+"""The Open Inference Protocol codec (app/protocol/v2.py) against the real, unmodified tritonclient.
 
 Requests are built by `InferenceServerClient.generate_request_body` and responses
 read by `InferResult.from_response_body`, the same code `client.infer` runs, so a
@@ -21,9 +21,9 @@ import tritonclient.http as httpclient
 from tritonclient.http._utils import _get_error
 from tritonclient.utils import InferenceServerException
 
-from app import v2
 from app.config import Limits
 from app.errors import STATUS, ServiceError
+from app.protocol import v2
 
 HW = (224, 224)
 MODEL = "efficientnet_lite0"  # the built-in model's declared name (args.model.name)

@@ -14,9 +14,9 @@ import pytest
 import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
+from app.imaging.preprocess import preprocess
 from app.models import builtin_transform
 from app.models.samples import sample_bytes
-from app.preprocess import preprocess
 from benchmarks import perf_analyzer
 from tests.conftest import ServeDeployer, wait_until
 

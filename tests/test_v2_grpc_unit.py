@@ -1,6 +1,6 @@
 """The Open Inference Protocol over gRPC, pure: messages built and read by the real, unmodified tritonclient.grpc.
 
-No Ray here: app/v2_grpc.py turns Triton's messages into the service's InferRequest and back, and the
+No Ray here: app/protocol/v2_grpc.py turns Triton's messages into the service's InferRequest and back, and the
 statistics and configuration extensions are dicts that must parse into Triton's messages as they are.
 """
 
@@ -15,10 +15,10 @@ from tritonclient.grpc import InferInput, InferRequestedOutput, InferResult
 from tritonclient.grpc import _utils as triton_utils
 from tritonclient.grpc import service_pb2 as pb
 
-from app import v2, v2_config, v2_grpc
 from app.config import Limits
 from app.errors import STATUS, ServiceError
-from app.inferstats import ModelStatsTable
+from app.pipeline.inferstats import ModelStatsTable
+from app.protocol import v2, v2_config, v2_grpc
 
 LIMITS = Limits()
 AB_MODEL = "efficientnet_lite0"  # the A/B model's V2 name is the declared model name

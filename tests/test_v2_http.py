@@ -11,9 +11,9 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
+from app.imaging.preprocess import preprocess
 from app.models import ModelFiles, builtin_transform
 from app.models.samples import sample_bytes
-from app.preprocess import preprocess
 from tests.conftest import ServeDeployer, local_config, wait_until
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,6 @@
-"""The HTTP layer: reading and checking requests (reading), the replies (replies), the v1 and V2 handlers.
+"""The HTTP and gRPC layer: the route table and body gate (ingress), request reading (reading), the replies
+(replies), the v1, V2 and gRPC handlers, /docs and /openapi.json, the admission front's report.
 
-Dependencies point one way: deployments -> http -> pipeline -> the pure cores. `reading` is pure
+Dependencies point one way: serve -> http -> protocol, pipeline -> the cores (docs/architecture.md). `reading` is pure
 (no Ray, no Starlette) so the benchmark peers answer requests by the very same rules.
 """

@@ -1,4 +1,4 @@
-"""What a Router knows of the admission front before it (app/front.py): never silent about whether it is there.
+"""What a Router knows of the admission front before it (app/front/): never silent about whether it is there.
 
 Each request that came through the front carries X-App-Front (set by HAProxy, replacing any a client sent): the
 HAProxy's host and its limits. The Router keeps, per HAProxy host, the limits last seen and when, counts the
@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from app.front_config import Front, parse_header
+from app.front.haproxy_config import Front, parse_header
 
 logger = logging.getLogger("ray.serve")
 STALE_S = 60.0  # an HAProxy not seen for this long is reported inactive

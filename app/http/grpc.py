@@ -2,7 +2,7 @@
 
 Serve's gRPC ingress (its proxy, or with HAProxy each Router replica's own gRPC server) calls the Router's
 method named after the RPC with the request message and a `grpc_context`; the Router hands both here. The
-messages and their conversion are app/v2_grpc.py. What the REST endpoint does, this does in the same order
+messages and their conversion are app/protocol/v2_grpc.py. What the REST endpoint does, this does in the same order
 with the same objects: the model name's pin, the A/B choice from the routing headers (here gRPC metadata,
 `x-user-id` and `x-model-variant` by default), the body limit, admission, the pipeline, Triton's statistics
 and the Router's metrics (endpoint `grpc`).
@@ -18,10 +18,11 @@ from typing import Any
 from starlette.datastructures import Headers
 from tritonclient.grpc import service_pb2 as pb
 
-from app import __version__, v2, v2_grpc
+from app import __version__
 from app.errors import ServiceError
 from app.http.ingress import Ingress
 from app.http.v2 import V2
+from app.protocol import v2, v2_grpc
 
 logger = logging.getLogger("ray.serve")
 ENDPOINT = "grpc"

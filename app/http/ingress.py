@@ -12,27 +12,28 @@ import random
 import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from app.body import INLINE_INFLATE_BYTES, BodyGate, check_encoding, content_length, inflate
-from app.capture import CaptureStore
-from app.cascade import MarginEvidence
 from app.config import AppArgs, RouterConfig
 from app.errors import ServiceError
-from app.guards import admin_token, check_admin, check_url
 from app.http.front_report import FrontReport
 from app.http.replies import Replies
-from app.metrics import RouterMetrics
-from app.parse_pool import ParsePool
+from app.pipeline.capture import CaptureStore
+from app.pipeline.cascade import MarginEvidence
 from app.pipeline.ports import Backend
+from app.pipeline.routing import Choice, WeightedSplit, choose_variant
 from app.pipeline.service import Pipeline
+from app.protocol.parse_pool import ParsePool
+from app.request.body import INLINE_INFLATE_BYTES, BodyGate, check_encoding, content_length, inflate
+from app.request.guards import admin_token, check_admin, check_url
 from app.rollout.board import config_id
-from app.routing import Choice, WeightedSplit, choose_variant
-from app.serve_internals import request_id
+
+if TYPE_CHECKING:  # a type only: the Router's metrics are made and handed in by the deployment
+    from app.serve.metrics import RouterMetrics
 
 logger = logging.getLogger("ray.serve")
 Handler = Callable[[Request], Awaitable[Response]]
@@ -45,16 +46,19 @@ class Ingress:
         backend: Backend,
         variants: list[str],
         replica: str,
+        metrics: RouterMetrics,
+        serve_request_id: Callable[[], str | None] = lambda: None,
         decoder_state: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
-        """`decoder_state`: this process's decoder's describe(), when the Router decodes (AppArgs.decode_in)."""
+        """Wired by app/serve/deployments.py; `decoder_state`: the decoder's describe(), with decode_in: router."""
         self.args = args
         self.decoder_state = decoder_state
         self.limits = args.limits
         self.variants = variants  # the Classifiers
         self.known = frozenset([*variants, *args.cascades])  # what a request can be routed to
         self.replica = replica
-        self.metrics = RouterMetrics(args.model.name)
+        self.metrics = metrics
+        self.serve_request_id = serve_request_id
         self.front = FrontReport(args.front.limits())  # which admission fronts this Router's requests came through
         self._without_front = 0  # requests without the front already counted in the metric
         self.replies = Replies(self.metrics)
@@ -207,7 +211,7 @@ class Ingress:
     # -- what every handler needs ----------------------------------------------------------
 
     async def receive(self, request: Request, max_bytes: int | None = None) -> bytes:
-        """The whole body through the body gate (app/body.py), before the request is admitted: 413/408 here."""
+        """The whole body through the body gate (app/request/body.py), before the request is admitted: 413/408 here."""
         cfg = self.config
         try:
             body = await self.bodies.read(
@@ -253,7 +257,7 @@ class Ingress:
 
     def request_id(self, request: Request) -> str:
         """Serve's own request id (it also returns it as X-Request-Id and logs it)."""
-        return request_id() or request.headers.get("x-request-id") or uuid.uuid4().hex
+        return self.serve_request_id() or request.headers.get("x-request-id") or uuid.uuid4().hex
 
     def user(self, request: Request | Headers) -> str | None:
         """Who sent the request, as the sticky header says (None: not said)."""

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from app.config import Limits
 from app.errors import ServiceError
-from app.guards import parse_top_k
-from app.multipart import parse_multipart
-from app.preprocess import check_header
+from app.http.multipart import parse_multipart
+from app.imaging.preprocess import check_header
+from app.request.guards import parse_top_k
 
 MULTIPART = "multipart/form-data"
 IMAGE_TYPES_EXTRA = frozenset({"application/octet-stream"})
@@ -70,7 +70,7 @@ def single_image(body: bytes, content_type: str | None) -> bytes:
 def image_pixels(data: bytes, limits: Limits, size: int | None) -> int:
     """Refuse what the header alone condemns, before any replica decodes anything; the image's pixel count.
 
-    `app.preprocess.check_header`, the Preprocessor's own first step: empty or unrecognised bytes,
+    `app.imaging.preprocess.check_header`, the Preprocessor's own first step: empty or unrecognised bytes,
     pixel bombs, decode-budget bombs (Limits.max_decode_bytes), TIFFs OpenCV decodes wrongly.
     `size`: the model's input size (a JPEG far larger is decoded reduced, which costs less); None
     while it is not known yet: the estimate is then a full decode's, never lower. Microseconds.

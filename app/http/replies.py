@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.responses import JSONResponse, Response
 
-from app import v2
 from app.errors import ServiceError
-from app.metrics import RouterMetrics
+from app.protocol import v2
+
+if TYPE_CHECKING:  # a type only (app/serve/metrics.py): the metrics come in from the Ingress
+    from app.serve.metrics import RouterMetrics
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -11,8 +11,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.config import Limits
-from app.declaration import ModelDeclaration
 from app.errors import STATUS
+from app.models.declaration import ModelDeclaration
 from app.rollout.spec import RolloutSpec
 
 
@@ -303,7 +303,7 @@ class PixelsInfo(_Body):
 
 
 class TransformInfo(_Body):
-    """The Preprocessor's half of the declaration at the graph's size (app/transform.py)."""
+    """The Preprocessor's half of the declaration at the graph's size (app/imaging/transform.py)."""
 
     height: int
     width: int
@@ -443,7 +443,7 @@ class FrontSeen(_Body):
 
 
 class AdmissionFront(_Body):
-    """The admission front (app/front.py) as this Router's requests showed it: per HAProxy host."""
+    """The admission front (app/front/) as this Router's requests showed it: per HAProxy host."""
 
     in_place: bool = Field(description="some HAProxy's front was seen within the last minute")
     configured: dict[str, str] = Field(description="args.front, as the config says")

@@ -1,6 +1,6 @@
 """The Open Inference Protocol (KServe V2) over REST: the same limits, A/B policy, pipeline and status table.
 
-The codec (paths, tensors, metadata, the protocol's error shape) is app/v2.py; this is the handler side.
+The codec (paths, tensors, metadata, the protocol's error shape) is app/protocol/v2.py; this is the handler side.
 """
 
 from __future__ import annotations
@@ -14,17 +14,18 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app import __version__, v2, v2_config
-from app.body import check_encoding
-from app.cascade import escalate
+from app import __version__
 from app.errors import ServiceError
 from app.http import reading
 from app.http.ingress import Ingress
 from app.http.replies import json_response
-from app.parse_pool import parse_request
-from app.payloads import Pixels
+from app.imaging.payloads import Pixels
+from app.pipeline.cascade import escalate
+from app.pipeline.routing import Choice
 from app.pipeline.service import Outcome, ms
-from app.routing import Choice
+from app.protocol import v2, v2_config
+from app.protocol.parse_pool import parse_request
+from app.request.body import check_encoding
 from app.runtime.outputs import probabilities as as_probabilities
 
 logger = logging.getLogger("ray.serve")
@@ -104,7 +105,8 @@ class V2:
         return json_response(await self.config_of(params["model"], params.get("version") or None))
 
     async def config_of(self, model: str, version: str | None) -> dict[str, Any]:
-        """Triton's model configuration of one V2 model (app/v2_config.py); the A/B model's is its first variant's."""
+        """Triton's model configuration of one V2 model (app/protocol/v2_config.py); the A/B model's is its first
+        variant's."""
         ing = self.ing
         variant = self.pin(model, version) or ing.variants[0]
         spec = await ing.pipeline.spec(variant)
@@ -215,7 +217,7 @@ class V2:
         timings = {**outcome.timings(), "total": ms(done - t0)}
         stats = self.ing.pipeline.evidence.stats
         stats.record_request(outcome.variant, timings["total"], ok=True)
-        stats.models.success(  # app/inferstats.py says how the timings map
+        stats.models.success(  # app/pipeline/inferstats.py says how the timings map
             model,
             req.batch_size,
             int(time.time() * 1000),

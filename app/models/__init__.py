@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from app.transform import Transform
+    from app.imaging.transform import Transform
 
 MODEL_NAME = "efficientnet_lite0"
 
-# The built-in model's declaration (app/declaration.py), as configs/local.yaml and prod.yaml spell it out:
+# The built-in model's declaration (app/models/declaration.py), as configs/local.yaml and prod.yaml spell it out:
 # EfficientNet-Lite's published evaluation transform (tensorflow/tpu, models/official/efficientnet/
 # preprocessing.py: the centre 224/256 of the shorter side, bicubic to 224), which is the same region at the same
 # scale as "shorter side to 256, then the centre 224". Its normalisation, (x - 127) / 128, is inside the graph.
@@ -72,7 +72,7 @@ def default_files(root: Path | None = None) -> ModelFiles:
 def builtin_transform(size: int = 224) -> Transform:
     """The Preprocessor's half of the built-in declaration at its input size: what the app serves the built-in
     model, for tools and peers that prepare its images themselves."""
-    from app.transform import Transform
+    from app.imaging.transform import Transform
 
     p = BUILTIN_MODEL["preprocess"]
     return Transform(size, size, 3, p["resize_shorter"], p["interpolation"], p["color"])

@@ -10,7 +10,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from app.declaration import ModelDeclaration
+from app.models.declaration import ModelDeclaration
 from app.models import TARGETS, ModelFiles, default_files
 
 
@@ -68,7 +68,7 @@ def declaration(config: Path, app: str | None) -> ModelDeclaration:
 
 def _declared_for(path: Path, model: ModelDeclaration, what: str) -> None:
     """The declaration fits the graph at `path`, or a one-line error naming the field."""
-    from app.graph import GraphError, read_graph
+    from app.models.graph import GraphError, read_graph
 
     try:
         model.check_against(read_graph(path), model.label_count(), f"{what} {path}")

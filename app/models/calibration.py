@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from onnxruntime.quantization import CalibrationDataReader
 
-from app.preprocess import preprocess
+from app.imaging.preprocess import preprocess
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"}
 
@@ -55,7 +55,7 @@ def sample_directory(root: Path, n: int, seed: int = 0) -> list[LabelledImage]:
 
 class ImageCalibrationReader(CalibrationDataReader):
     """Feeds quantize_static the graph's own input in batches: `prepare` turns encoded images into it, as served
-    (app.model_io.Preparation); by default the server's `preprocess`, squashed to `size`, uint8 NHWC."""
+    (app.models.model_io.Preparation); by default the server's `preprocess`, squashed to `size`, uint8 NHWC."""
 
     def __init__(
         self,

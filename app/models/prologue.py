@@ -34,8 +34,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from app.declaration import PreprocessDeclaration
-from app.graph import GraphIO, graph_io_of
+from app.models.declaration import PreprocessDeclaration
+from app.models.graph import GraphIO, graph_io_of
 
 PIXELS = "pixels"  # the served graph's input
 # protobuf's own limit on one message; a larger model keeps its weights in an external data file.

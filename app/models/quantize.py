@@ -26,9 +26,9 @@ from onnx import numpy_helper
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from app.declaration import ModelDeclaration
-from app.graph import read_graph
-from app.model_io import Preparation
+from app.models.declaration import ModelDeclaration
+from app.models.graph import read_graph
+from app.models.model_io import Preparation
 from app.models import BUILTIN_MODEL, TARGETS, Target
 from app.models.build import atomic_write
 from app.models.calibration import ImageCalibrationReader
@@ -142,7 +142,7 @@ def quantize(
     model: ModelDeclaration | None = None,
 ) -> PairFit | None:
     """Write the INT8 build of `fp32`, calibrated on `calibration` prepared exactly as `model` declares and serves
-    (app.model_io.Preparation; default: the built-in model's declaration). For the cpu target with `pair_limit`,
+    (app.models.model_io.Preparation; default: the built-in model's declaration). For the cpu target with `pair_limit`,
     say what the U8S8 pair limit rescaled."""
     if opts.method not in METHODS:
         raise ValueError(f"calibration method {opts.method!r} is not one of {sorted(METHODS)}")

@@ -1,6 +1,6 @@
 """What INT8 costs in accuracy and buys in speed, measured on this machine.
 
-One report per INT8 build, for any model, served as its declaration says (app/declaration.py). A cpu build
+One report per INT8 build, for any model, served as its declaration says (app/models/declaration.py). A cpu build
 is judged through ONNX Runtime's fused CPU kernels (what serves it) and timed against FP32; a TensorRT build
 (symmetric S8S8, app.models.quantize target tensorrt) is judged with Q/DQ computed as written, which is
 TensorRT's arithmetic; its speed belongs to TensorRT on a GPU, not here.
@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from app.declaration import ModelDeclaration
-from app.graph import read_graph
-from app.model_io import Preparation
+from app.models.declaration import ModelDeclaration
+from app.models.graph import read_graph
+from app.models.model_io import Preparation
 from app.models import Target
 from app.models.calibration import sample_directory
 from app.models.prologue import served_model

@@ -1,6 +1,6 @@
 """What happens to an accepted image: admission, coalescing, failover, shadowing; pure asyncio.
 
-No module here imports ray or starlette (tests/test_layering.py enforces it): the deployments
+No module here imports ray or starlette (import-linter enforces it, pyproject.toml): the deployments
 come in as a `Backend` (ports.py), so the whole pipeline runs in unit tests with fakes.
 
     admission.py  the in-flight limit: a fast 503 instead of a queue
@@ -8,4 +8,8 @@ come in as a `Backend` (ports.py), so the whole pipeline runs in unit tests with
     failover.py   deadline, one retry elsewhere, abandon a call whose variant lost its replicas
     shadow.py     a sample re-run on the other variant off the response path; the A/B evidence
     service.py    classify(...) -> Outcome: the above put together
+    routing.py    the variant a request goes to: override header > sticky hash > weighted draw
+    cascade.py, cascading.py   INT8 first, FP32 when the margin is thin; its evidence
+    capture.py    the cascade's disagreements kept for recalibration
+    abstats.py, inferstats.py, intervals.py   the A/B ledger's and Triton's per-model statistics
 """

@@ -16,10 +16,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from app.errors import ServiceError
-from app.guards import deadline_message
 from app.pipeline.coalescer import detached_task
 from app.pipeline.ports import Backend, Call, ReplicaLost
-from app.routing import Choice, VariantHealth, WeightedSplit, candidates
+from app.pipeline.routing import Choice, VariantHealth, WeightedSplit, candidates
+from app.request.guards import deadline_message
 
 logger = logging.getLogger("ray.serve")
 T = TypeVar("T")

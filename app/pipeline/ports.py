@@ -1,12 +1,13 @@
-"""What the pipeline needs from the world outside it, as Protocols (Serve's handles satisfy them in app/handles.py)."""
+"""What the pipeline needs from the world outside it, as Protocols (Serve's handles satisfy them in
+app/serve/handles.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable
 from typing import Any, Protocol
 
-from app.payloads import Pixels, Scores
-from app.transform import Transform
+from app.imaging.payloads import Pixels, Scores
+from app.imaging.transform import Transform
 
 
 class Call(Awaitable[Any], Protocol):

@@ -18,19 +18,19 @@ from typing import Any
 
 import numpy as np
 
-from app.cascade import escalate
 from app.config import CascadeArgs, RouterConfig
 from app.errors import ServiceError
-from app.guards import deadline_message, wall_deadline
-from app.payloads import Pixels, Scores
+from app.imaging.payloads import Pixels, Scores
+from app.imaging.transform import Transform
 from app.pipeline.admission import Admission, Limits
+from app.pipeline.cascade import escalate
 from app.pipeline.cascading import Cascader, Cascades, CascadeState, Escalation
 from app.pipeline.coalescer import Coalescer, Waiter
 from app.pipeline.failover import Failover
 from app.pipeline.ports import Backend, Call, PipelineMetrics, ReplicaLost
+from app.pipeline.routing import Choice, WeightedSplit
 from app.pipeline.shadow import SHADOW_TOP_K, Evidence, Shadow
-from app.routing import Choice, WeightedSplit
-from app.transform import Transform
+from app.request.guards import deadline_message, wall_deadline
 
 logger = logging.getLogger("ray.serve")
 Top = list[tuple[int, float]]  # (class_id, probability), best first

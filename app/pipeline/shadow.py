@@ -14,9 +14,9 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from app.abstats import ABStats, compare_top
-from app.cascade import escalate, margin
-from app.payloads import Scores
+from app.imaging.payloads import Scores
+from app.pipeline.abstats import ABStats, compare_top
+from app.pipeline.cascade import escalate, margin
 from app.pipeline.cascading import Cascader, Cascades, CascadeState, Escalation, Source, Top
 from app.pipeline.coalescer import detached_task
 from app.pipeline.ports import Backend, Call, ShadowMetrics

@@ -1,6 +1,6 @@
 """The rollout controller's logic, over ports: start, tick about once a second, abort; persisted after every change.
 
-Pure asyncio with its I/O passed in (`Ports`), so it is tested without Ray; app/deployments.py's
+Pure asyncio with its I/O passed in (`Ports`), so it is tested without Ray; app/serve/deployments.py's
 RolloutController runs it on Serve's handles and Ray's internal KV (in the GCS: with GCS fault tolerance
 it survives a restart of the head, and a restarted controller replica resumes at the same step).
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from itertools import zip_longest
 from typing import Any
 
-from app.abstats import ABStats, LatencyHistogram
+from app.pipeline.abstats import ABStats, LatencyHistogram
 from app.rollout.bounds import quantile_lower_rank
 
 P99 = 0.99
@@ -24,7 +24,7 @@ def _trim(counts: Iterable[int]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class VariantCounts:
-    """One variant's request and error counts and its latency histogram (app/abstats.py's bins, of successful
+    """One variant's request and error counts and its latency histogram (app/pipeline/abstats.py's bins, of successful
     requests only; trailing empty bins may be left out)."""
 
     requests: int = 0

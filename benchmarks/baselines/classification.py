@@ -18,8 +18,8 @@ from starlette.responses import JSONResponse
 from app.config import Limits
 from app.errors import ServiceError
 from app.http import reading
+from app.imaging.preprocess import preprocess
 from app.models import MODEL_NAME, ModelFiles, builtin_transform, default_files
-from app.preprocess import preprocess
 from app.runtime import onnxruntime_engine, outputs
 from benchmarks.device import runtime_options
 

@@ -1,6 +1,6 @@
 """NVIDIA Triton Inference Server as a benchmark peer, through PyTriton (nvidia-pytriton 0.7.0, which ships the real
 `tritonserver` binary and its Python backend). Only the serving path differs from the app: the same FP32 model file
-(app.models.default_files().fp32), the same decode (app.preprocess.preprocess with the built-in model's declared
+(app.models.default_files().fp32), the same decode (app.imaging.preprocess.preprocess with the built-in model's declared
 transform, app.models.builtin_transform: OpenCV, shorter side to 256, centre 224, bicubic, uint8 RGB NHWC), the
 same engine (app.runtime.onnxruntime_engine: ONNX Runtime's CPU EP, one intra-op thread per instance) and the same
 softmax (app.runtime.outputs).
@@ -83,8 +83,8 @@ def serve(port: int, model_name: str, instances: int, max_batch_size: int, queue
     from pytriton.models.model import Model
     from pytriton.triton import Triton, TritonConfig
 
+    from app.imaging.preprocess import preprocess
     from app.models import builtin_transform, default_files
-    from app.preprocess import preprocess
     from app.runtime import RuntimeOptions, onnxruntime_engine, outputs
 
     files = default_files()

@@ -24,21 +24,21 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.abstats import ABStats
 from app.config import AppArgs, RouterConfig
-from app.handles import RolloutPorts, ServeBackend
 from app.http.docs import Docs
 from app.http.grpc import GRPC
 from app.http.ingress import Ingress
 from app.http.rollout import RolloutAPI
 from app.http.v1 import V1
 from app.http.v2 import V2
-from app.inferstats import ModelStatsTable
-from app.metrics import RolloutMetrics
-from app.preprocessor import Decoder
+from app.pipeline.abstats import ABStats
+from app.pipeline.inferstats import ModelStatsTable
 from app.rollout.board import RolloutBoard
 from app.rollout.controller import RolloutService
-from app.serve_internals import replica_id
+from app.serve.handles import RolloutPorts, ServeBackend
+from app.serve.metrics import RolloutMetrics, RouterMetrics
+from app.serve.preprocessor import Decoder
+from app.serve.serve_internals import replica_id, request_id
 
 logger = logging.getLogger("ray.serve")
 TICK_S = 1.0  # the rollout controller's decision period
@@ -136,7 +136,8 @@ class Router:
         decoder = Decoder(parsed.limits) if preprocessor is None else None  # AppArgs.decode_in: router
         backend = ServeBackend(preprocessor, classifiers, ledger, controller, decoder)
         state = decoder.describe if decoder is not None else None
-        self.ingress = Ingress(parsed, backend, sorted(classifiers), replica_id(), state)
+        metrics = RouterMetrics(parsed.model.name)
+        self.ingress = Ingress(parsed, backend, sorted(classifiers), replica_id(), metrics, request_id, state)
         V1(self.ingress)
         RolloutAPI(self.ingress)
         Docs(self.ingress)

@@ -10,13 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from app.declaration import ModelDeclaration
+from app.models.declaration import ModelDeclaration
 from app.errors import ServiceError
-from app.graph import GraphError, GraphIO
+from app.models.graph import GraphError, GraphIO
 from app.models.prologue import ServedModel, normalise, served_model
-from app.preprocess import preprocess
+from app.imaging.preprocess import preprocess
 from app.runtime.outputs import probabilities
-from app.transform import Transform
+from app.imaging.transform import Transform
 
 
 def transform_for(model: ModelDeclaration, graph: GraphIO) -> Transform:

@@ -28,7 +28,7 @@ import zlib
 from collections.abc import AsyncIterable
 
 from app.errors import ServiceError
-from app.guards import byte_count
+from app.request.guards import byte_count
 
 RATIO_FLOOR = 1 << 20  # bodies that inflate to at most 1 MiB are never refused for their ratio
 INLINE_INFLATE_BYTES = 4096  # compressed bodies up to this inflate on the event loop (<= RATIO_FLOOR out: ~1 ms)

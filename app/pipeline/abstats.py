@@ -9,9 +9,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.cascade import MarginEvidence
-from app.inferstats import ModelStatsTable
-from app.intervals import wilson_interval
+from app.pipeline.cascade import MarginEvidence
+from app.pipeline.inferstats import ModelStatsTable
+from app.pipeline.intervals import wilson_interval
 
 # Latency histogram: log-spaced bins from 0.1 ms to ~100 s, 8 per octave (each ~9% wide),
 # so p50/p99 come from merged counts with under 5% error and constant memory.
@@ -93,9 +93,9 @@ def compare_top(primary: list[tuple[int, float]], shadow: list[tuple[int, float]
 class ABStats:
     variants: dict[str, VariantStats] = field(default_factory=dict)
     pairs: dict[str, PairStats] = field(default_factory=dict)  # key "a|b", names sorted
-    # Triton's per-model statistics ride along to the ledger (app/inferstats.py); not part of `summary`.
+    # Triton's per-model statistics ride along to the ledger (app/pipeline/inferstats.py); not part of `summary`.
     models: ModelStatsTable = field(default_factory=ModelStatsTable)
-    # A cascade's evidence (app/cascade.py): "first>then" -> first's margin against agreement with then.
+    # A cascade's evidence (app/pipeline/cascade.py): "first>then" -> first's margin against agreement with then.
     margins: dict[str, MarginEvidence] = field(default_factory=dict)
 
     def record_request(self, variant: str, latency_ms: float, ok: bool) -> None:

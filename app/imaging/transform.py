@@ -1,6 +1,6 @@
 """A decoded image -> the model's pixels: resize (squash, or shorter side then centre crop), channel order, uint8.
 
-The geometry of a model's evaluation transform (`model.preprocess` in the config, app/declaration.py) with the
+The geometry of a model's evaluation transform (`model.preprocess` in the config, app/models/declaration.py) with the
 graph's input size; the arithmetic (scale, mean, std), layout and dtype are folded into the graph instead
 (app/models/prologue.py), so what travels from the Preprocessor to the Classifier stays uint8 [N, H, W, C].
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from app.opencv import cv2
+from app.imaging.opencv import cv2
 
 INTERPOLATIONS = {"area": cv2.INTER_AREA, "linear": cv2.INTER_LINEAR, "cubic": cv2.INTER_CUBIC}
 COLORS = ("RGB", "BGR", "GRAY")

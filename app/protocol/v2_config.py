@@ -2,7 +2,7 @@
 
 Triton's tools read it before they send anything: perf_analyzer takes `max_batch_size` (a request's batch
 dimension), the inputs' `optional` flags and the scheduler (`dynamic_batching`) from here, and the tensor
-shapes from the model metadata (`app.v2.model_metadata`). The fields are those of Triton's `ModelConfig`
+shapes from the model metadata (`app.protocol.v2.model_metadata`). The fields are those of Triton's `ModelConfig`
 message (model_config.proto) in its JSON form, so the same dict converts to the gRPC message as is.
 
 Both inputs are `optional`: a request carries exactly one of them, which is how Triton says "either".
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app import v2
+from app.protocol import v2
 
 CONFIG_PLATFORM = "onnxruntime_onnx"  # what Triton's own config calls an ONNX Runtime model
 

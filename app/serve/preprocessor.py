@@ -19,12 +19,12 @@ import ray
 from ray import serve
 
 from app.config import Limits
-from app.decode_budget import DecodeBudget, slots_for
 from app.errors import ServiceError
-from app.payloads import Pixels
-from app.preprocess import check_header, preprocess
-from app.serve_internals import replica_id
-from app.transform import Transform
+from app.imaging.decode_budget import DecodeBudget, slots_for
+from app.imaging.payloads import Pixels
+from app.imaging.preprocess import check_header, preprocess
+from app.imaging.transform import Transform
+from app.serve.serve_internals import replica_id
 
 
 def _assigned_cpus() -> float:

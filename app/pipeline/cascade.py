@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.intervals import wilson_interval
+from app.pipeline.intervals import wilson_interval
 
 BUCKETS = 100  # the margin's resolution: thresholds are multiples of 0.01
 Top = Sequence[tuple[int, float]]  # (class id, probability), best first

@@ -1,7 +1,7 @@
 """Image bytes -> the model's uint8 pixels [H, W, C]. Pure OpenCV and numpy; no Ray.
 
 The server's Preprocessor and the INT8 calibration reader both call
-`preprocess` with the model's declared transform (app/transform.py), so the
+`preprocess` with the model's declared transform (app/imaging/transform.py), so the
 model is calibrated on exactly what it will be served.
 
 The contract: for *any* input bytes, `preprocess` returns a uint8 array of
@@ -50,8 +50,8 @@ from functools import cache
 import numpy as np
 
 from app.errors import ImageInputError
-from app.opencv import DEFAULT_MAX_PIXELS, cv2
-from app.transform import Transform
+from app.imaging.opencv import DEFAULT_MAX_PIXELS, cv2
+from app.imaging.transform import Transform
 
 logger = logging.getLogger(__name__)
 
@@ -848,6 +848,6 @@ def _png_header_only(width: int, height: int) -> bytes:
 
 if not opencv_pixel_guard_active():
     logger.warning(
-        "OpenCV's OPENCV_IO_MAX_IMAGE_PIXELS guard is not in force (cv2 was imported before app.preprocess); "
+        "OpenCV's OPENCV_IO_MAX_IMAGE_PIXELS guard is not in force (cv2 was imported before app.imaging.preprocess); "
         "the header probe still refuses images over the pixel limit"
     )

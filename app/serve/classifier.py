@@ -16,14 +16,14 @@ import ray
 from ray import serve
 
 from app.config import AppArgs, ClassifierConfig
-from app.metrics import ClassifierMetrics
-from app.model_io import ModelIO, model_io
+from app.imaging.payloads import Pixels, Scores
+from app.models.model_io import ModelIO, model_io
 from app.models.prologue import served_model
-from app.payloads import Pixels, Scores
-from app.profiling_twin import ProfilingTwin
 from app.runtime import CUDA, TENSORRT, ModelLoadError, Opened, open_engine, threads_for, top_k
 from app.runtime.startup import StartupReport, run_speed_gate, start_report
-from app.serve_internals import max_ongoing_requests, replica_id
+from app.serve.metrics import ClassifierMetrics
+from app.serve.profiling_twin import ProfilingTwin
+from app.serve.serve_internals import max_ongoing_requests, replica_id
 
 logger = logging.getLogger("ray.serve")
 

@@ -10,13 +10,13 @@ from ray.exceptions import RayActorError, TaskCancelledError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, RequestCancelledError
 from ray.serve.handle import DeploymentHandle
 
-from app import serve_internals
 from app.errors import ServiceError, find_service_error
-from app.payloads import Pixels
+from app.imaging.payloads import Pixels
+from app.imaging.transform import Transform
 from app.pipeline.ports import Call, ReplicaLost
-from app.preprocessor import Decoder
-from app.serve_internals import routable_replicas, running_replicas
-from app.transform import Transform
+from app.serve import serve_internals
+from app.serve.preprocessor import Decoder
+from app.serve.serve_internals import routable_replicas, running_replicas
 
 _LOST = (RayActorError, DeploymentUnavailableError)
 

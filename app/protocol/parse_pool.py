@@ -5,7 +5,7 @@ C holding the GIL for the whole call, so a thread that parses frees nothing. Mea
 machine: `json.loads` of the 10 MiB `{"inputs":[[],[],...]}` of the "Hostile load" issue takes
 1.7 s, and run in `asyncio.to_thread` it stalled the event loop for the same 1.7 s; one 224x224x3
 UINT8 image as tritonclient JSON takes ~28 ms. (zlib releases the GIL: the Router inflates on a
-thread, `app.body`.)
+thread, `app.request.body`.)
 
 `parse_request` parses inline what is cheap, a JSON part of at most INLINE_JSON_BYTES (a few ms at
 worst: ~5 ms for 32 KiB of empty lists, the costliest JSON per byte), and hands the rest to a
@@ -36,16 +36,16 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
-from app import v2
 from app.config import Limits
 from app.errors import ServiceError
+from app.protocol import v2
 
 logger = logging.getLogger("ray.serve")
 
 INLINE_JSON_BYTES = 32 * 1024
 MEMORY_LIMIT_BYTES = 1 << 30
 _FRAME = struct.Struct("<Q")
-_PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory `app` is imported from
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory `app` is imported from
 
 
 # What `v2.parse_infer_request` takes: (body, header_length, limits, image_size).
@@ -123,7 +123,7 @@ def _limit_memory(extra_bytes: int = MEMORY_LIMIT_BYTES) -> None:
 
 
 def child_main() -> None:
-    """`python -m app.parse_pool`: parse frames from stdin until it closes."""
+    """`python -m app.protocol.parse_pool`: parse frames from stdin until it closes."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must never corrupt a frame
     _limit_memory()
@@ -278,7 +278,7 @@ class ParsePool:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "app.parse_pool",
+            "app.protocol.parse_pool",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=_child_env(),

@@ -7,7 +7,7 @@ preprocessing is the model's own evaluation transform: serving it with another o
 
     y = (x * scale - mean) / std     per channel, x the uint8 pixel in the graph's channel order
 
-The geometry (decode, resize, crop, channel order) runs in the Preprocessor (app/transform.py); the
+The geometry (decode, resize, crop, channel order) runs in the Preprocessor (app/imaging/transform.py); the
 arithmetic, the layout and the dtype are folded into a copy of the graph at load (app/models/prologue.py).
 """
 
@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.graph import GraphIO
+from app.models.graph import GraphIO
 
 
 class _Strict(BaseModel):

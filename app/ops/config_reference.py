@@ -1,7 +1,7 @@
 """The configuration reference (docs/configuration-reference.md), generated from the typed config's own fields.
 
-    python -m app.config_reference            # rewrite docs/configuration-reference.md
-    python -m app.config_reference --check    # exit 1 when the file is not what the models say (make lint)
+    python -m app.ops.config_reference            # rewrite docs/configuration-reference.md
+    python -m app.ops.config_reference --check    # exit 1 when the file is not what the models say (make lint)
 
 One table per model: each key (dotted under the application's `args`, or a deployment's `user_config`), its type,
 its default, and the field's description, as pydantic holds them. Nested models get a section of their own, so every
@@ -22,7 +22,7 @@ from pydantic_core import PydanticUndefined
 
 from app.config import AppArgs, ClassifierConfig, RouterConfig
 
-OUT = Path(__file__).resolve().parent.parent / "docs" / "configuration-reference.md"
+OUT = Path(__file__).resolve().parents[2] / "docs" / "configuration-reference.md"
 ROOTS: list[tuple[str, str, type[BaseModel]]] = [
     ("args", "the application's `args` (`applications[].args` in a Serve config)", AppArgs),
     ("Router user_config", "the Router deployment's `user_config` (live: applied without a restart)", RouterConfig),
@@ -30,7 +30,7 @@ ROOTS: list[tuple[str, str, type[BaseModel]]] = [
 ]
 HEAD = """# Configuration reference
 
-Generated from the typed config (`app/config.py`, `app/declaration.py`) by `python -m app.config_reference`;
+Generated from the typed config (`app/config.py`, `app/models/declaration.py`) by `python -m app.ops.config_reference`;
 `make lint` fails when this page and the models differ. Unknown keys are refused everywhere. How the pieces fit,
 and `configs/serve.env`: [configuration.md](configuration.md).
 """
@@ -119,12 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     text = render()
     if args == ["--check"]:
         if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is out of date: run python -m app.config_reference", file=sys.stderr)
+            print(f"{OUT} is out of date: run python -m app.ops.config_reference", file=sys.stderr)
             return 1
         print(f"{OUT.name} is up to date")
         return 0
     if args:
-        print("usage: python -m app.config_reference [--check]", file=sys.stderr)
+        print("usage: python -m app.ops.config_reference [--check]", file=sys.stderr)
         return 2
     OUT.write_text(text)
     print(f"wrote {OUT}")

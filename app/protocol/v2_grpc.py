@@ -4,7 +4,7 @@ The messages are Triton's `inference.GRPCInferenceService` (grpc_service.proto, 
 grpc_predict_v2.proto that adds ModelConfig and ModelStatistics), as generated in Triton's own client
 package (`tritonclient.grpc.service_pb2`), so the wire format is the one its clients and perf_analyzer speak.
 
-A gRPC request is turned into the same `InferRequest` the REST endpoint parses (`app.v2.parse_infer_doc`),
+A gRPC request is turned into the same `InferRequest` the REST endpoint parses (`app.protocol.v2.parse_infer_doc`),
 so both protocols share every check, limit and error; the answer goes back as `raw_output_contents`, as
 Triton's gRPC server sends it. Inputs may come as `raw_input_contents` or as typed `contents`
 (`bytes_contents` for BYTES, `uint_contents` for UINT8).
@@ -26,9 +26,9 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
-from app import v2
 from app.config import Limits
 from app.errors import RETRY_AFTER_S, ServiceError
+from app.protocol import v2
 
 SERVICE = "inference.GRPCInferenceService"
 SERVICER = "tritonclient.grpc.service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server"
@@ -165,10 +165,10 @@ def model_metadata(meta: Mapping[str, Any]) -> pb.ModelMetadataResponse:
 
 
 def model_config(config: Mapping[str, Any]) -> pb.ModelConfigResponse:
-    """app/v2_config.py's dict is the ModelConfig message in its JSON form."""
+    """app/protocol/v2_config.py's dict is the ModelConfig message in its JSON form."""
     return json_format.ParseDict({"config": config}, pb.ModelConfigResponse())
 
 
 def model_statistics(stats: Mapping[str, Any]) -> pb.ModelStatisticsResponse:
-    """app/inferstats.py's `{"model_stats": [...]}` is the message in its JSON form."""
+    """app/pipeline/inferstats.py's `{"model_stats": [...]}` is the message in its JSON form."""
     return json_format.ParseDict(stats, pb.ModelStatisticsResponse())

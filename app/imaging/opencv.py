@@ -1,8 +1,8 @@
 """OpenCV, loaded once with the service's settings in force: import cv2 from here, never directly, in app/.
 
-OpenCV's own pixel guard is a second line behind the header probe (app/preprocess.py). OpenCV reads it in a
+OpenCV's own pixel guard is a second line behind the header probe (app/imaging/preprocess.py). OpenCV reads it in a
 static initializer when its library loads, i.e. at the first `import cv2` anywhere in the process, so it is
-set just before that import; `app.preprocess.opencv_pixel_guard_active` checks that it took.
+set just before that import; `app.imaging.preprocess.opencv_pixel_guard_active` checks that it took.
 """
 
 from __future__ import annotations

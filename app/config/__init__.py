@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.declaration import ModelDeclaration
 from app.models import BUILTIN_MODEL, default_files, is_builtin_file
+from app.models.declaration import ModelDeclaration
 
 if TYPE_CHECKING:
-    from app.front_config import Front
-    from app.graph import GraphIO
+    from app.front.haproxy_config import Front
+    from app.models.graph import GraphIO
     from app.runtime.measure import SpeedGate
     from app.runtime.plan import RuntimeOptions
 
@@ -151,7 +151,7 @@ class Limits(_Strict):
 
 
 class FrontArgs(_Strict):
-    """The admission front (app/front.py): what HAProxy does before a request reaches a Router. Delivered to HAProxy
+    """The admission front (app/front/): what HAProxy does before a request reaches a Router. Delivered to HAProxy
     as APP_FRONT_* variables by `make serve`, the tests, the benchmarks and the RayService renderer (`python -m
     app.front env CONFIG` for any other launcher); each Router checks that its requests came through a front
     with these limits (/v1/models)."""
@@ -217,7 +217,7 @@ class FrontArgs(_Strict):
         """The front's limits; with the app's `limits`, its body limit too (refused by HAProxy from the header)."""
         from dataclasses import replace
 
-        from app.front_config import Front
+        from app.front.haproxy_config import Front
 
         front = Front(**self.model_dump())
         return replace(front, max_body_bytes=limits.max_body_bytes) if limits is not None else front
@@ -452,7 +452,7 @@ class AppArgs(_Strict):
     def check_graphs(self) -> list[Path]:
         """The declaration against the graph of each variant whose file is on this machine, and the variants against
         each other (one model: one input, one set of classes); ValueError naming the field. The files checked."""
-        from app.graph import GraphError, read_graph
+        from app.models.graph import GraphError, read_graph
 
         checked: list[Path] = []
         first: tuple[str, GraphIO] | None = None
@@ -697,7 +697,7 @@ def validate_serve_config(cfg: dict, app_index: int = 0) -> AppArgs:
 
 # The environment of every Ray process that runs Serve (docs/performance.md). Read by `make serve`,
 # the benchmarks, the tests and the RayService renderer, so the laptop, CI and Kubernetes agree.
-SERVE_ENV = Path(__file__).resolve().parent.parent / "configs" / "serve.env"
+SERVE_ENV = Path(__file__).resolve().parents[2] / "configs" / "serve.env"
 _ENV_LINE = re.compile(r"([A-Z_][A-Z0-9_]*)=([^\s'\"#]*)")
 
 
@@ -754,7 +754,7 @@ def private_haproxy_env(port: int) -> dict[str, str]:
 
 
 def front_binary() -> str | None:
-    """`app-haproxy` (the admission front, app/front.py) of this Python's environment, if installed."""
+    """`app-haproxy` (the admission front, app/front/) of this Python's environment, if installed."""
     import shutil
     import sys
 
@@ -841,7 +841,3 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path}: {e}", file=sys.stderr)
             status = 1
     return status
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

