@@ -388,7 +388,7 @@ def serve_state() -> dict[str, Any]:
     names = ray.util.list_named_actors(all_namespaces=True)
     return {
         "status": str(app.status),
-        "deployments": {n: str(d.status) for n, d in app.serve.deployments.items()},
+        "deployments": {n: str(d.status) for n, d in app.deployments.items()},
         "replicas": sorted(a["name"] for a in names if a["name"].startswith("SERVE_REPLICA::")),
     }
 
