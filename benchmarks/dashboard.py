@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import re
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -21,7 +20,7 @@ import yaml
 
 from app.ops.panels import PANELS
 from benchmarks.report import pyplot, save_figure
-from benchmarks.server_process import ServerProcess, ServerStartError
+from benchmarks.server_process import ServerProcess, ServerStartError, free_port
 
 UNITS = {"reqps": "per second", "ms": "ms", "short": "", "percentunit": "share", "decmbytes": "MB"}
 
@@ -33,9 +32,7 @@ class Prometheus:
     def __init__(self, targets: Sequence[str], every_s: float = 2.0) -> None:
         if (binary := shutil.which("prometheus")) is None:
             raise ServerStartError("`prometheus` not found: install Debian's prometheus (apt-get install prometheus)")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            addr = f"127.0.0.1:{s.getsockname()[1]}"
+        addr = f"127.0.0.1:{free_port()}"
         self.url, self.dir = f"http://{addr}", Path(tempfile.mkdtemp(prefix="prometheus-"))
         every = f"{max(1, round(every_s * 1000))}ms"
         config = {

@@ -36,19 +36,13 @@ import psutil
 import yaml
 
 from app.front import config_env
-from app.front.haproxy_config import Front
 from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.report import markdown_table, pyplot, save_figure, write_report
+from benchmarks.server_process import free_port, port_open
 
 REPO = Path(__file__).resolve().parent.parent
 COUNTS = (250, 500, 1000)
 KINDS = ("full buffer", "slow body", "slow head")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve_config(tmp: Path, port: int, replica_port: int, replicas: int = 1, other_app: bool = False) -> str:
@@ -109,10 +103,7 @@ def fronted_haproxy(env: dict[str, str]) -> Iterator[tuple[int, int]]:
     proc = subprocess.Popen(cmd, env={**os.environ, **env}, cwd=REPO, **quiet)
     try:
         deadline = time.monotonic() + 20
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
+        while not port_open(f"http://127.0.0.1:{port}"):
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError("HAProxy did not start")
             time.sleep(0.05)
@@ -196,7 +187,6 @@ def main(argv: list[str] | None = None) -> int:
         "haproxy_global_maxconn": maxconn,
         "points": points,
         "summary": summary,
-        "default_front": Front().buffer_bytes,
     }
     stem = args.out_dir / f"{run_stamp}-{host_name()}-front-memory"
     rows = [

@@ -25,6 +25,13 @@ class ServerStartError(RuntimeError):
     """The server exited, logged a deployment failure, or was not ready by its deadline."""
 
 
+def free_port() -> int:
+    """A TCP port nothing on 127.0.0.1 listens on right now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def port_open(url: str) -> bool:
     """Something accepts TCP connections at the URL's host and port."""
     parts = urlsplit(url)

@@ -37,12 +37,13 @@ def model_files() -> ModelFiles:
 
 import copy  # noqa: E402
 import os  # noqa: E402
-import socket  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from typing import Any  # noqa: E402
 
 import yaml  # noqa: E402
+
+from benchmarks.server_process import free_port  # noqa: E402, F401 (the tests' import of it)
 
 SERVE_PORT = int(os.environ.get("TEST_SERVE_PORT", "18000"))
 METRICS_PORT = int(os.environ.get("TEST_METRICS_PORT", "18080"))
@@ -75,13 +76,6 @@ def local_config(model_files: ModelFiles, **router_overrides: Any) -> dict[str, 
 
 def deployment(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     return next(d for d in cfg["applications"][0]["deployments"] if d["name"] == name)
-
-
-def free_port() -> int:
-    """A TCP port nothing on 127.0.0.1 listens on right now (the kernel's pick)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float = 0.2, what: str = "") -> Any:

@@ -432,3 +432,22 @@ def test_a_greedy_client_with_500_connections_leaves_a_polite_one_its_rate(
         # without the bound, the polite client's requests wait behind the greedy one's (or are refused)
         assert any(status != 200 or took > 1.0 for status, took in polite), polite
         assert greedy[429] == 0, greedy
+
+
+def test_a_routers_report_of_the_fronts_it_saw() -> None:
+    """FrontReport (app/http/front_report.py): each HAProxy's limits as its header said, differences from the
+    config, and requests without the front counted, each handed to the metric once."""
+    from app.http.front_report import FrontReport
+
+    report = FrontReport(Front())
+    same = Front().header_value().replace("%[hostname]", "node-1")
+    other = dataclasses.replace(Front(), max_per_client=8).header_value().replace("%[hostname]", "node-2")
+    for raw in (same, same, None, "not the front's", other):
+        report.saw(raw)
+    described = report.describe()
+    assert described["in_place"] and described["requests_without_front"] == 2
+    assert described["haproxies"]["node-1"]["differs_from_config"] == []
+    assert described["haproxies"]["node-2"]["differs_from_config"] == ["max_per_client"]
+    assert report.unreported() == 2 and report.unreported() == 0
+    report.saw(None)
+    assert report.unreported() == 1 and report.describe()["requests_without_front"] == 3

@@ -25,6 +25,7 @@ class FrontReport:
         self.configured = {k: str(v) for k, v in asdict(configured).items() if k != "retry_after_s"}
         self.haproxies: dict[str, tuple[dict[str, str], float]] = {}  # host -> (limits, last seen, monotonic)
         self.without = 0  # requests that came without the header
+        self._reported = 0  # of them, those already handed to the metrics (unreported())
         self._last_raw: str | None = None
         self._last_host = ""
         self._warned: set[str] = set()
@@ -56,6 +57,11 @@ class FrontReport:
                 {k: parsed.get(k) for k in differs},
                 {k: self.configured[k] for k in differs},
             )
+
+    def unreported(self) -> int:
+        """Requests without the front since the last call (the metric's increment)."""
+        new, self._reported = self.without - self._reported, self.without
+        return new
 
     def differences(self, limits: dict[str, str]) -> list[str]:
         return sorted(k for k, v in self.configured.items() if _norm(limits.get(k)) != _norm(v))

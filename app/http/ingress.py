@@ -60,7 +60,6 @@ class Ingress:
         self.metrics = metrics
         self.serve_request_id = serve_request_id
         self.front = FrontReport(args.front.limits())  # which admission fronts this Router's requests came through
-        self._without_front = 0  # requests without the front already counted in the metric
         self.replies = Replies(self.metrics)
         self.rng = random.Random()
         self.pipeline = Pipeline(
@@ -116,8 +115,7 @@ class Ingress:
 
     async def after_flush(self) -> None:
         """About once a second, after the A/B flush: the rollout's weights, then the cascades' auto thresholds."""
-        self.metrics.admission_front(self.front.active(), self.front.without - self._without_front)
-        self._without_front = self.front.without
+        self.metrics.admission_front(self.front.active(), self.front.unreported())
         await self.poll_rollout()
         await self.refit_cascades()
         if self.capture is not None:
