@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grpc-port", type=int, default=9000)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--model", default="efficientnet_lite0", help="the app's model name (args.model.name)")
     args = parser.parse_args(argv)
     if args.setup:
         print(setup())
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data = input_data(Path(tmp) / "images.json", [im.data for im in corpus])
         for variant in (None, "fp32", "int8"):
-            model = v2.model_name_for(v2.MODEL_NAME, variant)
+            model = v2.model_name_for(args.model, variant)
             for c in args.concurrency:
                 for protocol, port in (("http", args.http_port), ("grpc", args.grpc_port)):
                     r = summary(run(f"{args.url}:{port}", model, protocol, data, c))

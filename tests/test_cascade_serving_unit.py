@@ -54,7 +54,13 @@ def int8_margin(value: int) -> float:
 
 
 def cascade_pipeline(
-    backend: FakeBackend, margin: float | str = 0.3, shadow: float = 0.0, groups: int = 2, **cascade: Any
+    backend: FakeBackend,
+    margin: float | str = 0.3,
+    shadow: float = 0.0,
+    groups: int = 2,
+    capture: CaptureStore | None = None,
+    pair: tuple[str, str] | None = None,
+    **cascade: Any,
 ) -> Pipeline:
     settings = RouterConfig.model_validate(
         {
@@ -65,8 +71,8 @@ def cascade_pipeline(
         }
     )
     args = {CASCADE: CascadeArgs(first="int8", then="fp32", margin=margin, **cascade)}  # type: ignore[arg-type]
-    p = Pipeline(backend, ["fp32", "int8"], Metrics(), rng=random.Random(0), cascades=args)
-    p.configure(settings, WeightedSplit(settings.weights))
+    p = Pipeline(backend, ["fp32", "int8"], Metrics(), rng=random.Random(0), cascades=args, capture=capture)
+    p.configure(settings, WeightedSplit(settings.weights), pair)
     return p
 
 
@@ -259,8 +265,7 @@ def test_cascades_sharing_a_pair_count_each_comparison_once() -> None:
 
 def test_a_variant_shadowed_on_a_cascade_runs_it() -> None:
     backend = CascadeBackend()
-    p = cascade_pipeline(backend, margin=0.3, shadow=1.0)
-    p.shadow.pair = (CASCADE, "fp32")  # a rollout of the cascade against FP32
+    p = cascade_pipeline(backend, margin=0.3, shadow=1.0, pair=(CASCADE, "fp32"))  # a rollout of the cascade vs FP32
     classify(p, VALUES, variant="fp32")
     run(until(lambda: not p.shadow.running))
     # FP32 answered: the shadow runs INT8 only; the rows it would escalate agree with FP32 by construction.
@@ -409,9 +414,8 @@ class PhotoBackend(CascadeBackend):
 
 def test_escalated_disagreements_reach_the_capture_with_their_encoded_bytes(tmp_path: Path) -> None:
     backend = PhotoBackend()
-    p = cascade_pipeline(backend, margin=0.4)
     store = CaptureStore({CASCADE: CaptureArgs(enabled=True, dir=str(tmp_path))})
-    p.cascader.capture = store
+    p = cascade_pipeline(backend, margin=0.4, capture=store)
     odd, even = jpeg(61), jpeg(60)
     backend.values = {odd: 61, even: 60}
     run(p.classify(Choice(CASCADE, "override"), [odd, even], 5, time.perf_counter()))

@@ -9,23 +9,20 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from openapi_spec_validator import OpenAPIV31SpecValidator
 from starlette.requests import Request
 
 from app import __version__
-from app.config import Limits, RouterConfig
+from app.config import Limits
 from app.errors import STATUS, ServiceError
 from app.http import docs
-from app.http.ingress import Ingress
 from app.http.openapi import OPERATIONS, build_openapi
-from app.http.rollout import RolloutAPI
-from app.http.v1 import V1
 from app.pipeline.abstats import ABStats
 from tests.openapi_support import check, component, declared, fits
+from tests.test_ingress_rollout_unit import router
 
 VARIANTS = ["fp32", "int8"]
 
@@ -35,18 +32,10 @@ def document(limits: Limits | None = None, sticky: str = "X-User-Id", override: 
 
 
 def route_table() -> tuple[dict[tuple[str, str], Any], set[tuple[str, str]]]:
-    """The Router's v1 and docs routes, as V1 and Docs register them on an Ingress (a stand-in here)."""
-    fake = SimpleNamespace(
-        routes={},
-        admin_routes=set(),
-        limits=Limits(),
-        variants=VARIANTS,
-        config=RouterConfig(weights={"fp32": 1, "int8": 1}),
-    )
-    V1(cast(Ingress, fake))
-    RolloutAPI(cast(Ingress, fake))
-    docs.Docs(cast(Ingress, fake))
-    return fake.routes, fake.admin_routes
+    """The Router's HTTP routes and its admin ones, from the one route table (app/http/routes.py) as the Router
+    assembles it (on a fake backend)."""
+    routes = router(VARIANTS, {"weights": {"fp32": 1, "int8": 1}}).ingress.routes.http
+    return {k: r.handler for k, r in routes.items()}, {k for k, r in routes.items() if r.admin}
 
 
 def operations(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -164,7 +153,7 @@ def test_the_docs_page_loads_only_its_own_assets() -> None:
 
 def test_the_document_and_its_models_are_pure() -> None:
     code = (
-        "import sys, app.http.openapi, app.http.schemas\n"
+        "import sys, app.http.openapi, app.protocol.v1\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 'starlette'))\n"
         "print(bad); sys.exit(1 if bad else 0)\n"
     )

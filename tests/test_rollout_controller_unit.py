@@ -20,7 +20,7 @@ FAST = {"candidate": "int8", "baseline": "fp32", "steps": [50, 100], "min_sample
 
 
 class FakeLedger:
-    """The ledger's board and counts; Routers poll it as app/http/ingress.py does."""
+    """The ledger's board and counts; Routers poll it as app/http/policy.py does."""
 
     def __init__(self) -> None:
         self.board = RolloutBoard()

@@ -1,4 +1,4 @@
-"""The Open Inference Protocol codec (app/protocol/v2.py) against the real, unmodified tritonclient.
+"""The Open Inference Protocol codec (app/protocol/v2/) against the real, unmodified tritonclient.
 
 Requests are built by `InferenceServerClient.generate_request_body` and responses
 read by `InferResult.from_response_body`, the same code `client.infer` runs, so a

@@ -1,6 +1,6 @@
 """The Open Inference Protocol over gRPC, pure: messages built and read by the real, unmodified tritonclient.grpc.
 
-No Ray here: app/protocol/v2_grpc.py turns Triton's messages into the service's InferRequest and back, and the
+No Ray here: app/protocol/v2/grpc.py turns Triton's messages into the service's InferRequest and back, and the
 statistics and configuration extensions are dicts that must parse into Triton's messages as they are.
 """
 
@@ -18,7 +18,9 @@ from tritonclient.grpc import service_pb2 as pb
 from app.config import Limits
 from app.errors import STATUS, ServiceError
 from app.pipeline.inferstats import ModelStatsTable
-from app.protocol import v2, v2_config, v2_grpc
+from app.protocol import v2
+from app.protocol.v2 import grpc as v2_grpc
+from app.protocol.v2 import triton_config
 
 LIMITS = Limits()
 AB_MODEL = "efficientnet_lite0"  # the A/B model's V2 name is the declared model name
@@ -143,7 +145,7 @@ DESCRIBED = {
 
 
 def test_model_config_is_triton_s_model_config_message() -> None:
-    cfg = v2_config.model_config(AB_MODEL + "-int8", SPEC, 1000, 64, DESCRIBED)
+    cfg = triton_config.model_config(AB_MODEL + "-int8", SPEC, 1000, 64, DESCRIBED)
     msg = v2_grpc.model_config(cfg).config  # raises on any field Triton's ModelConfig does not have
     assert msg.max_batch_size == 64 and msg.platform == "onnxruntime_onnx"
     assert [(i.name, i.optional) for i in msg.input] == [(v2.IMAGE_BYTES_INPUT, True), (v2.IMAGE_INPUT, True)]
@@ -164,7 +166,7 @@ def test_model_config_of_a_declared_float_nchw_model_names_its_graph() -> None:
                       "color": "RGB"},
         "prologue": {"steps": ["Transpose", "Cast", "Conv"], "scale": [0.0078125] * 3, "shift": [0.99] * 3},
     }  # fmt: skip
-    cfg = v2_config.model_config("lite1-fp32", spec, 10, 64, {**DESCRIBED, "model": "lite1"})
+    cfg = triton_config.model_config("lite1-fp32", spec, 10, 64, {**DESCRIBED, "model": "lite1"})
     msg = v2_grpc.model_config(cfg).config
     assert list(msg.input[1].dims) == [240, 240, 3] and list(msg.output[0].dims) == [10]
     assert msg.parameters["model"].string_value == "lite1"

@@ -1,5 +1,7 @@
-"""The HTTP and gRPC layer: the route table and body gate (ingress), request reading (reading), the replies
-(replies), the v1, V2 and gRPC handlers, /docs and /openapi.json, the admission front's report.
+"""The HTTP and gRPC layer: the Router's parts put together (assembly), the one route table (routes) and its
+dispatch (ingress), the live A/B policy (policy), the body (body_reader) and request reading (reading), the replies
+(replies), the v1, V2 and gRPC handlers, /docs and /openapi.json, what the Router reports of itself (report) and
+of the admission front (front_report).
 
 Dependencies point one way: serve -> http -> protocol, pipeline -> the cores (docs/architecture.md). `reading` is pure
 (no Ray, no Starlette) so the benchmark peers answer requests by the very same rules.

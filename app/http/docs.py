@@ -9,15 +9,14 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from app.config import Limits
 from app.http.openapi import build_openapi
-
-if TYPE_CHECKING:
-    from app.http.ingress import Ingress
+from app.http.policy import RouterPolicy
 
 DOCS, SPEC, ASSETS_AT = "/docs", "/openapi.json", "/docs/assets/"
 JS, CSS = "text/javascript; charset=utf-8", "text/css; charset=utf-8"
@@ -76,23 +75,25 @@ def asset_media() -> dict[str, str]:
 
 
 class Docs:
-    """Adds GET /openapi.json, GET /docs and the assets to the Ingress's route table."""
+    """GET /openapi.json, GET /docs and the page's assets."""
 
-    def __init__(self, ingress: Ingress) -> None:
-        self.ing = ingress
+    def __init__(self, limits: Limits, variants: list[str], policy: RouterPolicy) -> None:
+        """policy: the header names in the document are the live config's."""
+        self.limits = limits
+        self.variants = variants
+        self.policy = policy
         self._spec: tuple[tuple[Any, ...], bytes] | None = None
-        ingress.routes.update({("GET", SPEC): self.openapi, ("GET", DOCS): self.page})
-        for name in ASSETS:
-            ingress.routes[("GET", ASSETS_AT + name)] = self._asset_route(name)
+
+    def assets(self) -> dict[str, Any]:
+        """Each asset's path -> its handler."""
+        return {ASSETS_AT + name: self._asset_route(name) for name in ASSETS}
 
     async def openapi(self, request: Request) -> Response:
-        cfg = self.ing.config
+        cfg = self.policy.config
         root = request.scope.get("root_path") or ""  # the application's route_prefix, when it is not "/"
-        key = (cfg.sticky_header, cfg.override_header, tuple(self.ing.variants), root)
+        key = (cfg.sticky_header, cfg.override_header, tuple(self.variants), root)
         if self._spec is None or self._spec[0] != key:  # the header names are live config
-            doc = build_openapi(
-                self.ing.limits, cfg.sticky_header, cfg.override_header, self.ing.variants, asset_media()
-            )
+            doc = build_openapi(self.limits, cfg.sticky_header, cfg.override_header, self.variants, asset_media())
             if root:  # "Try it out" sends to the application's prefix, not the host's root
                 doc["servers"] = [{"url": root}]
             self._spec = (key, json.dumps(doc, separators=(",", ":")).encode())

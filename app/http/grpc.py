@@ -1,8 +1,9 @@
-"""The Open Inference Protocol over gRPC: the handler side, over the REST endpoint's pipeline and limits.
+"""The Open Inference Protocol over gRPC: each call decoded, handed to one operation of app/http/v2_operations.py
+(the same as REST's), and its answer encoded; errors as the call's status.
 
 Serve's gRPC ingress (its proxy, or with HAProxy each Router replica's own gRPC server) calls the Router's
 method named after the RPC with the request message and a `grpc_context`; the Router hands both here. The
-messages and their conversion are app/protocol/v2_grpc.py. What the REST endpoint does, this does in the same order
+messages and their conversion are app/protocol/v2/grpc.py. What the REST endpoint does, this does in the same order
 with the same objects: the model name's pin, the A/B choice from the routing headers (here gRPC metadata,
 `x-user-id` and `x-model-variant` by default), the body limit, admission, the pipeline, Triton's statistics
 and the Router's metrics (endpoint `grpc`).
@@ -12,17 +13,23 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import Headers
 from tritonclient.grpc import service_pb2 as pb
 
 from app import __version__
+from app.config import AppArgs
 from app.errors import ServiceError
-from app.http.ingress import Ingress
-from app.http.v2 import V2
-from app.protocol import v2, v2_grpc
+from app.http.v2_operations import Outputs, V2Operations
+from app.pipeline.routing import Choice
+from app.protocol import v2
+from app.protocol.v2 import grpc as v2_grpc
+
+if TYPE_CHECKING:
+    from app.http.routes import RPC
+    from app.serve.metrics import RouterMetrics  # made and handed in by the deployment
 
 logger = logging.getLogger("ray.serve")
 ENDPOINT = "grpc"
@@ -45,25 +52,17 @@ def metadata_headers(context: Any) -> Headers:
 
 
 class GRPC:
-    def __init__(self, ingress: Ingress, rest: V2) -> None:
-        self.ing = ingress
-        self.rest = rest
-        self.methods: dict[str, Callable[[Any, Headers], Awaitable[Any]]] = {
-            "ServerLive": self.server_live,
-            "ServerReady": self.server_ready,
-            "ModelReady": self.model_ready,
-            "ServerMetadata": self.server_metadata,
-            "ModelMetadata": self.model_metadata,
-            "ModelConfig": self.model_config,
-            "ModelStatistics": self.model_statistics,
-            "ModelInfer": self.infer,
-        }
+    def __init__(self, args: AppArgs, ops: V2Operations, metrics: RouterMetrics) -> None:
+        self.limits = args.limits
+        self.ops = ops
+        self.metrics = metrics
 
-    async def call(self, method: str, msg: Any, context: Any) -> Any:
-        """One RPC: its answer, or an empty message with the error's status set on the context."""
+    async def call(self, method: str, handler: RPC, msg: Any, context: Any) -> Any:
+        """One RPC to its handler (app/http/routes.py): its answer, or an empty message with the error's status set
+        on the context."""
         t0 = time.perf_counter()
         try:
-            return await self.methods[method](msg, metadata_headers(context))
+            return await handler(msg, metadata_headers(context))
         except ServiceError as e:
             return self._fail(method, msg, context, e, t0)
         except Exception as e:  # a bug, not an input's fault: counted like every other error
@@ -73,8 +72,8 @@ class GRPC:
             )
 
     def _fail(self, method: str, msg: Any, context: Any, e: ServiceError, t0: float) -> Any:
-        self.rest.record_failure(e, msg.model_name if method == "ModelInfer" else "", time.perf_counter() - t0)
-        self.ing.metrics.error(ENDPOINT, e.code, e.status, e.variant or "none")
+        self.ops.record_failure(e, msg.model_name if method == "ModelInfer" else "", time.perf_counter() - t0)
+        self.metrics.error(ENDPOINT, e.code, e.status, e.variant or "none")
         if context is not None:
             code, details, trailing = v2_grpc.status_of(e)
             context.set_code(code)
@@ -88,47 +87,42 @@ class GRPC:
         return pb.ServerLiveResponse(live=True)
 
     async def server_ready(self, msg: pb.ServerReadyRequest, headers: Headers) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=await self._ready(self.ing.variants))
+        return pb.ServerReadyResponse(ready=not await self.ops.ready())
 
     async def model_ready(self, msg: pb.ModelReadyRequest, headers: Headers) -> pb.ModelReadyResponse:
-        pinned = self.rest.pin(msg.name, msg.version or None)
-        return pb.ModelReadyResponse(ready=await self._ready([pinned] if pinned else self.ing.variants))
-
-    async def _ready(self, variants: list[str]) -> bool:
-        return all((await self.ing.pipeline.ready(variants)).values())
+        return pb.ModelReadyResponse(ready=not await self.ops.ready(msg.name, msg.version or None))
 
     async def server_metadata(self, msg: pb.ServerMetadataRequest, headers: Headers) -> pb.ServerMetadataResponse:
         return v2_grpc.server_metadata(v2.server_metadata(__version__))
 
     async def model_metadata(self, msg: pb.ModelMetadataRequest, headers: Headers) -> pb.ModelMetadataResponse:
-        return v2_grpc.model_metadata(await self.rest.metadata_of(msg.name, msg.version or None))
+        return v2_grpc.model_metadata(await self.ops.metadata(msg.name, msg.version or None))
 
     async def model_config(self, msg: pb.ModelConfigRequest, headers: Headers) -> pb.ModelConfigResponse:
-        return v2_grpc.model_config(await self.rest.config_of(msg.name, msg.version or None))
+        return v2_grpc.model_config(await self.ops.config(msg.name, msg.version or None))
 
     async def model_statistics(self, msg: pb.ModelStatisticsRequest, headers: Headers) -> pb.ModelStatisticsResponse:
-        return v2_grpc.model_statistics(await self.rest.stats_of(msg.name or None, msg.version or None))
+        return v2_grpc.model_statistics(await self.ops.statistics(msg.name or None, msg.version or None))
 
     # -- inference -----------------------------------------------------------------------
 
     async def infer(self, msg: pb.ModelInferRequest, headers: Headers) -> pb.ModelInferResponse:
-        ing, t0 = self.ing, time.perf_counter()
-        pinned = self.rest.pin(msg.model_name, msg.model_version or None)
+        t0 = time.perf_counter()
+        self.ops.pin(msg.model_name, msg.model_version or None)  # an unknown model: 404 before anything else
         size = v2_grpc.request_bytes(msg)  # already received whole by gRPC (its own limit is in configs/serve.env)
-        if size > ing.limits.max_body_bytes:
+        if size > self.limits.max_body_bytes:
             raise ServiceError(
                 "payload_too_large",
-                f"the request carries {size} bytes of tensors; the limit is {ing.limits.max_body_bytes}",
+                f"the request carries {size} bytes of tensors; the limit is {self.limits.max_body_bytes}",
             )
-        pipeline = ing.pipeline
-        model = v2.model_name_for(ing.args.model.name, pinned)
-        async with pipeline.admitted(size, ing.user(headers)):
-            choice = ing.choose(headers, pinned)
-            spec = await pipeline.spec(choice.variant)
-            req = v2_grpc.infer_request(msg, ing.limits, v2.image_shape(spec))
-            outcome = await self.rest.run(req, choice, t0)
-        encoded_from = time.perf_counter()
-        outputs, parameters = await self.rest.outputs(req, outcome)
-        reply = v2_grpc.infer_response(model, v2.DEFAULT_VERSION, req.id, outputs, parameters)
-        self.rest.account(ENDPOINT, model, req, outcome, t0, encoded_from)
+
+        async def parse(choice: Choice, image_shape: tuple[int, int, int]) -> v2.InferRequest:
+            return v2_grpc.infer_request(msg, self.limits, image_shape)
+
+        def encode(name: str, req: v2.InferRequest, outputs: Outputs, parameters: dict[str, Any]) -> Any:
+            return v2_grpc.infer_response(name, v2.DEFAULT_VERSION, req.id, outputs, parameters)
+
+        reply, _ = await self.ops.infer(
+            ENDPOINT, msg.model_name, msg.model_version or None, size, headers, t0, t0, parse, encode
+        )
         return reply

@@ -1,4 +1,4 @@
-"""The OpenAPI 3.1 document of the v1 API, built from the response models (app/http/schemas.py) and a table
+"""The OpenAPI 3.1 document of the v1 API, built from the response models (app/protocol/v1.py) and a table
 of operations; every error status comes from the one status table (app/errors.py STATUS).
 
 Pure: no Ray, no Starlette. app/http/docs.py serves it as GET /openapi.json.
@@ -15,7 +15,7 @@ from pydantic.json_schema import models_json_schema
 from app import __version__
 from app.config import Limits
 from app.errors import RETRY_AFTER_S, STATUS, ServiceError
-from app.http import schemas as s
+from app.protocol import v1 as s
 from app.rollout.spec import RolloutSpec
 
 REF = "#/components/schemas/{model}"

@@ -6,6 +6,9 @@ benchmark peers use them too, so every server in a comparison answers the same r
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Mapping
+
 from app.config import Limits
 from app.errors import ServiceError
 from app.http.multipart import parse_multipart
@@ -14,6 +17,11 @@ from app.request.guards import parse_top_k
 
 MULTIPART = "multipart/form-data"
 IMAGE_TYPES_EXTRA = frozenset({"application/octet-stream"})
+
+
+def request_id(serve_request_id: str | None, headers: Mapping[str, str]) -> str:
+    """Serve's own request id (it also returns it as X-Request-Id and logs it), else the client's, else a new one."""
+    return serve_request_id or headers.get("x-request-id") or uuid.uuid4().hex
 
 
 def media_type(content_type: str | None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
 
 from app.errors import ServiceError
@@ -15,6 +16,12 @@ if TYPE_CHECKING:  # a type only (app/serve/metrics.py): the metrics come in fro
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def model_response(body: BaseModel, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    """A reply built from its typed model (app/protocol/v1.py): fields left at their default (a `failover` that
+    did not happen, a `cascade` that did not answer) are left out, as the schema documents."""
+    return Response(body.model_dump_json(exclude_defaults=True), status, headers, media_type="application/json")
 
 
 def error_response(err: ServiceError) -> Response:

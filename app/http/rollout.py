@@ -13,37 +13,39 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import ServiceError
-from app.http.ingress import Ingress
+from app.http.body_reader import BodyReader
+from app.http.policy import RouterPolicy
 from app.http.replies import json_response
+from app.pipeline.service import Pipeline
 
 ROLLOUT, ABORT = "/v1/rollout", "/v1/rollout/abort"
 MAX_SPEC_BYTES = 16 * 1024  # a spec is a few hundred bytes
 
 
 class RolloutAPI:
-    def __init__(self, ingress: Ingress) -> None:
-        self.ing = ingress
-        ingress.routes.update({("GET", ROLLOUT): self.get, ("POST", ROLLOUT): self.start, ("POST", ABORT): self.abort})
-        ingress.admin_routes.update({("POST", ROLLOUT), ("POST", ABORT)})
+    def __init__(self, model: str, pipeline: Pipeline, policy: RouterPolicy, bodies: BodyReader) -> None:
+        self.model = model
+        self.pipeline = pipeline
+        self.policy = policy
+        self.bodies = bodies
 
     async def _call(self, method: str, *args: Any) -> Any:
-        pipeline = self.ing.pipeline
-        return await pipeline.ask(pipeline.backend.rollout(method, *args), 10.0)
+        return await self.pipeline.ask(self.pipeline.backend.rollout(method, *args), 10.0)
 
     async def get(self, request: Request) -> Response:
-        return json_response({"model": self.ing.args.model.name, **await self._call("get")})
+        return json_response({"model": self.model, **await self._call("get")})
 
     async def start(self, request: Request) -> Response:
-        raw = await self.ing.receive(request, MAX_SPEC_BYTES)
+        raw = await self.bodies.receive(request, MAX_SPEC_BYTES)
         try:
             body = json.loads(raw or b"{}")
         except ValueError:
             raise ServiceError("bad_request", "the rollout spec must be a JSON object") from None
         if not isinstance(body, dict):
             raise ServiceError("bad_request", "the rollout spec must be a JSON object")
-        ing = self.ing
-        router = {"config_id": ing.config_id, "weights": ing.base.weights if ing.base else None}
-        return json_response({"model": ing.args.model.name, **await self._call("start", body, router)}, 202)
+        policy = self.policy
+        router = {"config_id": policy.config_id, "weights": policy.base.weights if policy.base else None}
+        return json_response({"model": self.model, **await self._call("start", body, router)}, 202)
 
     async def abort(self, request: Request) -> Response:
-        return json_response({"model": self.ing.args.model.name, **await self._call("abort")})
+        return json_response({"model": self.model, **await self._call("abort")})

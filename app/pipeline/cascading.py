@@ -151,11 +151,14 @@ class Escalation:
 class Cascader:
     """The second stage of a cascade's group."""
 
-    def __init__(self, backend: Backend, failover: Failover, metrics: CascadeMetrics) -> None:
+    def __init__(
+        self, backend: Backend, failover: Failover, metrics: CascadeMetrics, capture: Capture | None = None
+    ) -> None:
+        """capture: where a cascade keeps the images its two stages disagree on, when one is configured."""
         self.backend = backend
         self.failover = failover
         self.metrics = metrics
-        self.capture: Capture | None = None
+        self.capture = capture
 
     async def run(
         self,

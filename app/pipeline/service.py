@@ -12,7 +12,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +24,7 @@ from app.imaging.payloads import Pixels, Scores
 from app.imaging.transform import Transform
 from app.pipeline.admission import Admission, Limits
 from app.pipeline.cascade import escalate
-from app.pipeline.cascading import Cascader, Cascades, CascadeState, Escalation
+from app.pipeline.cascading import Capture, Cascader, Cascades, CascadeState, Escalation
 from app.pipeline.coalescer import Coalescer, Waiter
 from app.pipeline.failover import Failover
 from app.pipeline.ports import Backend, Call, PipelineMetrics, ReplicaLost
@@ -93,16 +93,28 @@ class Pipeline:
         on_cancel: Callable[[], None] = lambda: None,
         rng: random.Random | None = None,
         cascades: dict[str, CascadeArgs] | None = None,
+        capture: Capture | None = None,
+        after_flush: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """Every part assembled here, once. capture: the cascades' calibration capture (app/pipeline/capture.py);
+        after_flush: run about once a second after the A/B evidence goes to the ledger (the Router's rollout poll)."""
         self.backend = backend
         self.variants = variants
         self.admission = Admission(on_cancel)
-        self.evidence = Evidence(backend)
+        self.evidence = Evidence(backend, after_flush)
         self.failover = Failover(backend, variants)
         self.cascades = Cascades(cascades or {})
-        self.cascader = Cascader(backend, self.failover, metrics)
-        self.shadow = Shadow(backend, variants, self.evidence, metrics, rng, self.cascades, self.cascader)
-        self.shadow.available = lambda v: self.failover.health.available(v, time.monotonic())
+        self.cascader = Cascader(backend, self.failover, metrics, capture)
+        self.shadow = Shadow(
+            backend,
+            variants,
+            self.evidence,
+            metrics,
+            rng,
+            self.cascades,
+            self.cascader,
+            lambda v: self.failover.health.available(v, time.monotonic()),
+        )
         self.coalescer: Coalescer[tuple[str, bool, bool]] = Coalescer(self._run_group, self._group_limits)
         self.settings: RouterConfig | None = None
         self._limits: Limits | None = None
@@ -110,8 +122,10 @@ class Pipeline:
         self._specs: dict[str, dict[str, Any]] = {}
         self._labels: list[str] | None = None
 
-    def configure(self, settings: RouterConfig, split: WeightedSplit) -> None:
+    def configure(self, settings: RouterConfig, split: WeightedSplit, pair: tuple[str, str] | None = None) -> None:
+        """The Router's config in force, its A/B split, and a running rollout's pair (shadowed on each other)."""
         self.settings, self.split = settings, split
+        self.shadow.pair = pair
         s = settings
         self._limits = Limits(
             s.max_in_flight,

@@ -30,11 +30,12 @@ FLUSH_EVERY_S = 1.0
 class Evidence:
     """This Router's A/B counts since the last flush, and the flush to the ledger."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, after_flush: Callable[[], Awaitable[None]] | None = None) -> None:
+        """after_flush: run after each flush, about once a second (the Router's rollout poll, cascade refit)."""
         self.backend = backend
         self.stats = ABStats()
         self._flusher: asyncio.Task[None] | None = None
-        self.poller: Callable[[], Awaitable[None]] | None = None  # run after each flush (the rollout's weights)
+        self.after_flush = after_flush
 
     def reset(self) -> None:
         self.stats = ABStats()
@@ -60,8 +61,8 @@ class Evidence:
         while True:
             await asyncio.sleep(FLUSH_EVERY_S)
             await self.flush()
-            if self.poller is not None:
-                await self.poller()
+            if self.after_flush is not None:
+                await self.after_flush()
 
 
 class Shadow:
@@ -74,7 +75,9 @@ class Shadow:
         rng: random.Random | None = None,
         cascades: Cascades | None = None,
         cascader: Cascader | None = None,
+        available: Callable[[str], bool] = lambda _variant: True,
     ) -> None:
+        """available: whether a variant is not failing now (the Pipeline's failover health)."""
         self.backend = backend
         self.variants = variants
         self.evidence = evidence
@@ -84,7 +87,7 @@ class Shadow:
         self.cascader = cascader  # keeps a cascade's disagreements (its capture), when one is set
         self.running: set[asyncio.Task[None]] = set()
         self.pair: tuple[str, str] | None = None  # a rollout's candidate and baseline: shadowed on each other
-        self.available: Callable[[str], bool] = lambda _variant: True  # a variant not failing now (Pipeline's health)
+        self.available = available
 
     def partner(self, variant: str) -> str:
         """The variant a request answered by `variant` is shadowed on: its rollout partner, else a cascade's `then`,

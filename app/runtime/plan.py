@@ -223,7 +223,7 @@ def cpu_choice(session_config: dict[str, str] | None = None) -> EngineChoice:
 def u8s8_overflow_note(variant: str) -> str:
     return (
         f"variant {variant!r}: its INT8 weights can overflow the U8S8 kernels of ONNX Runtime and OpenVINO on "
-        "this CPU (x86 without VNNI: wrong answers, docs/engines.md 'INT8 on x86 CPUs without VNNI'), so it runs on "
+        "this CPU (x86 without VNNI: wrong answers, docs/model.md 'INT8 on x86 CPUs without VNNI'), so it runs on "
         f"ORT's U8U8 kernels where a layer needs them ({PRECISE_U8S8}): right, but without most of INT8's speed-up. "
         "Requantize with `python -m app.models quantize` (it limits the weight pairs) to have both"
     )

@@ -25,12 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.config import AppArgs, RouterConfig
-from app.http.docs import Docs
-from app.http.grpc import GRPC
-from app.http.ingress import Ingress
-from app.http.rollout import RolloutAPI
-from app.http.v1 import V1
-from app.http.v2 import V2
+from app.http.assembly import RouterApp
 from app.pipeline.abstats import ABStats
 from app.pipeline.inferstats import ModelStatsTable
 from app.rollout.board import RolloutBoard
@@ -137,11 +132,8 @@ class Router:
         backend = ServeBackend(preprocessor, classifiers, ledger, controller, decoder)
         state = decoder.describe if decoder is not None else None
         metrics = RouterMetrics(parsed.model.name)
-        self.ingress = Ingress(parsed, backend, sorted(classifiers), replica_id(), metrics, request_id, state)
-        V1(self.ingress)
-        RolloutAPI(self.ingress)
-        Docs(self.ingress)
-        self.grpc = GRPC(self.ingress, V2(self.ingress))
+        self.app = RouterApp(parsed, backend, sorted(classifiers), replica_id(), metrics, request_id, state)
+        self.ingress = self.app.ingress
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
         """user_config, live: weights, headers, deadlines, limits of the pipeline (no restart).
@@ -150,33 +142,33 @@ class Router:
         a lost one routes by a running rollout's weights from its first request, not by the config's for a
         second. A new config's poll finds no weights for it (the deploy wins), and a ledger not up yet costs at
         most START_POLL_S."""
-        self.ingress.configure(RouterConfig.model_validate(config))
-        await self.ingress.poll_rollout(START_POLL_S)
+        self.app.configure(RouterConfig.model_validate(config))
+        await self.app.policy.poll_rollout(START_POLL_S)
 
     async def __call__(self, request: Request) -> Response:
         return await self.ingress(request)
 
     # The Open Inference Protocol over gRPC (configs' grpc_options): Serve calls the method named after the RPC.
     async def ServerLive(self, request: Any, grpc_context: Any = None) -> Any:
-        return await self.grpc.call("ServerLive", request, grpc_context)
+        return await self.ingress.rpc("ServerLive", request, grpc_context)
 
     async def ServerReady(self, request: Any, grpc_context: Any = None) -> Any:
-        return await self.grpc.call("ServerReady", request, grpc_context)
+        return await self.ingress.rpc("ServerReady", request, grpc_context)
 
     async def ModelReady(self, request: Any, grpc_context: Any = None) -> Any:
-        return await self.grpc.call("ModelReady", request, grpc_context)
+        return await self.ingress.rpc("ModelReady", request, grpc_context)
 
     async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> Any:
-        return await self.grpc.call("ServerMetadata", request, grpc_context)
+        return await self.ingress.rpc("ServerMetadata", request, grpc_context)
 
     async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:
-        return await self.grpc.call("ModelMetadata", request, grpc_context)
+        return await self.ingress.rpc("ModelMetadata", request, grpc_context)
 
     async def ModelConfig(self, request: Any, grpc_context: Any = None) -> Any:
-        return await self.grpc.call("ModelConfig", request, grpc_context)
+        return await self.ingress.rpc("ModelConfig", request, grpc_context)
 
     async def ModelStatistics(self, request: Any, grpc_context: Any = None) -> Any:
-        return await self.grpc.call("ModelStatistics", request, grpc_context)
+        return await self.ingress.rpc("ModelStatistics", request, grpc_context)
 
     async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
-        return await self.grpc.call("ModelInfer", request, grpc_context)
+        return await self.ingress.rpc("ModelInfer", request, grpc_context)

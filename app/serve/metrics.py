@@ -106,6 +106,11 @@ class RouterMetrics:
         self.held = HeldGauges()
         name_model(self, model)
 
+    def observe_pixels(self, pixels: list[int]) -> None:
+        """Each image's width x height, from its header (before any decode)."""
+        for n in pixels:
+            self.input_pixels.observe(n)
+
     def admission_front(self, active: dict[str, bool], without: int) -> None:
         """Once a second: each HAProxy's front, and the requests since the last call that came without one."""
         self.held.replace(self.front_active, [({"haproxy": host}, 1 if on else 0) for host, on in active.items()])

@@ -165,7 +165,7 @@ def model_metadata(meta: Mapping[str, Any]) -> pb.ModelMetadataResponse:
 
 
 def model_config(config: Mapping[str, Any]) -> pb.ModelConfigResponse:
-    """app/protocol/v2_config.py's dict is the ModelConfig message in its JSON form."""
+    """app/protocol/v2/triton_config.py's dict is the ModelConfig message in its JSON form."""
     return json_format.ParseDict({"config": config}, pb.ModelConfigResponse())
 
 

@@ -1,7 +1,8 @@
 """The v1 response bodies as typed models: the source of the OpenAPI document's schemas (app/http/openapi.py).
 
-Pure: no Ray, no Starlette. The handlers build plain dicts; these models say what those dicts are, field
-for field, and tests/test_openapi_live.py checks real replies against the schemas made from them.
+Pure: no Ray, no Starlette. The v1 handlers (app/http/v1.py) build the classification and health replies from
+these models; the other bodies are built as dicts, and tests/test_openapi_live.py checks every real reply against
+the schemas made from the models.
 """
 
 from __future__ import annotations

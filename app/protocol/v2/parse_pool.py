@@ -45,7 +45,7 @@ logger = logging.getLogger("ray.serve")
 INLINE_JSON_BYTES = 32 * 1024
 MEMORY_LIMIT_BYTES = 1 << 30
 _FRAME = struct.Struct("<Q")
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory `app` is imported from
+_PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the directory `app` is imported from
 
 
 # What `v2.parse_infer_request` takes: (body, header_length, limits, image_size).
@@ -123,7 +123,7 @@ def _limit_memory(extra_bytes: int = MEMORY_LIMIT_BYTES) -> None:
 
 
 def child_main() -> None:
-    """`python -m app.protocol.parse_pool`: parse frames from stdin until it closes."""
+    """`python -m app.protocol.v2.parse_pool`: parse frames from stdin until it closes."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must never corrupt a frame
     _limit_memory()
@@ -278,7 +278,7 @@ class ParsePool:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "app.protocol.parse_pool",
+            "app.protocol.v2.parse_pool",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             env=_child_env(),

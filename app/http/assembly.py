@@ -1,0 +1,91 @@
+"""The Router's parts, assembled in one place: the pipeline, the live policy, the handlers and their route table.
+
+Each part gets what it uses as constructor arguments; nothing is set on a part after it is built. The Router
+deployment (app/serve/deployments.py) builds one RouterApp per replica on Serve's handles and metrics, and the
+unit tests build it on a fake Backend.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from app.config import AppArgs, RouterConfig
+from app.http.body_reader import BodyReader
+from app.http.docs import Docs
+from app.http.front_report import FrontReport
+from app.http.grpc import GRPC
+from app.http.ingress import Ingress
+from app.http.policy import RouterPolicy
+from app.http.replies import Replies
+from app.http.report import RouterReport
+from app.http.rollout import RolloutAPI
+from app.http.routes import route_table
+from app.http.v1 import V1
+from app.http.v2 import V2
+from app.http.v2_operations import V2Operations
+from app.pipeline.capture import CaptureStore
+from app.pipeline.ports import Backend
+from app.pipeline.service import Pipeline
+from app.protocol.v2.parse_pool import ParsePool
+
+if TYPE_CHECKING:  # a type only: the Router's metrics are made and handed in by the deployment
+    from app.serve.metrics import RouterMetrics
+
+
+class RouterApp:
+    def __init__(
+        self,
+        args: AppArgs,
+        backend: Backend,
+        variants: list[str],
+        replica: str,
+        metrics: RouterMetrics,
+        serve_request_id: Callable[[], str | None] = lambda: None,
+        decoder_state: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        """variants: the Classifiers; serve_request_id: Serve's id of the request being handled;
+        decoder_state: the Router's own decoder's describe() (decode_in: router)."""
+        rng = random.Random()
+        captures = {n: c.capture for n, c in args.cascades.items() if c.capture.enabled}
+        self.capture = CaptureStore(captures) if captures else None  # the cascades' calibration capture
+        self.metrics = metrics
+        self.pipeline = Pipeline(
+            backend,
+            variants,
+            metrics,
+            metrics.cancelled.inc,
+            rng,
+            dict(args.cascades),
+            capture=self.capture,
+            after_flush=self.after_flush,
+        )
+        self.policy = RouterPolicy(self.pipeline, variants, list(args.cascades), metrics, rng)
+        self.front = FrontReport(args.front.limits())  # which admission fronts this Router's requests came through
+        replies = Replies(metrics)
+        parsers = ParsePool()  # large V2 JSON is parsed in a child process (CPython's json holds the GIL)
+        bodies = BodyReader(args.limits, lambda: self.policy.config, metrics, self.pipeline.admission.client_gone)
+        report = RouterReport(replica, args, self.pipeline, bodies, parsers, self.capture, decoder_state)
+        pipeline, policy = self.pipeline, self.policy
+        v1 = V1(args, variants, pipeline, policy, bodies, replies, metrics, report, self.front, serve_request_id)
+        ops = V2Operations(args, variants, pipeline, policy, replies, metrics)  # the V2 protocol's, for both
+        v2 = V2(args, ops, policy, bodies, replies, parsers)
+        grpc = GRPC(args, ops, metrics)
+        rollout = RolloutAPI(args.model.name, pipeline, policy, bodies)
+        docs = Docs(args.limits, variants, self.policy)
+        routes = route_table(v1, v2, grpc, rollout, docs)
+        self.ingress = Ingress(routes, v2, grpc, replies, self.policy, self.front, args.limits)
+
+    def configure(self, cfg: RouterConfig) -> None:
+        """A user_config, at deploy time or live."""
+        self.policy.configure(cfg)
+
+    async def after_flush(self) -> None:
+        """About once a second, after the A/B flush: the front's state, the rollout's weights, then the cascades'
+        auto thresholds and the capture's sweep."""
+        self.metrics.admission_front(self.front.active(), self.front.unreported())
+        await self.policy.poll_rollout()
+        await self.policy.refit_cascades()
+        if self.capture is not None:
+            self.capture.maybe_sweep()

@@ -1,0 +1,87 @@
+"""The typed application builder, which Serve reaches as `import_path: app.main:build_app` (app/main.py).
+
+No `from __future__ import annotations` here: Serve inspects the builder's
+parameter annotation at run time to validate `args` with the pydantic model.
+"""
+
+import fcntl
+import logging
+
+from ray.serve import Application
+
+from app.config import AppArgs, classifier_deployment_name
+from app.models import ModelFiles
+from app.models.declaration import ModelDeclaration
+from app.serve.classifier import Classifier
+from app.serve.deployments import ABLedger, RolloutController, Router
+from app.serve.preprocessor import Preprocessor
+
+logger = logging.getLogger("ray.serve")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be deployed; the message names the field."""
+
+
+def ensure_models(args: AppArgs) -> None:
+    """Build the built-in models if they are missing and allowed to; else insist every file exists."""
+    missing = {name: args.resolved_path(v.model_path) for name, v in args.variants.items()}
+    missing = {name: p for name, p in missing.items() if not p.is_file()}
+    buildable = {name: p for name, p in missing.items() if args.build_default_models and args.is_default_model(p)}
+    for root in {p.parent for p in buildable.values()}:
+        files = ModelFiles(root)
+        build_default_models(files, tensorrt=files.int8_trt in buildable.values(), model=args.model)
+    still = {name: p for name, p in missing.items() if not p.is_file()}
+    if still and args.check_model_files:
+        name, path = next(iter(sorted(still.items())))
+        raise ConfigError(f"variants.{name}.model_path: model file not found: {path}")
+    try:
+        args.check_graphs()  # the declaration against every graph here (a Classifier checks its own at start too)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def build_default_models(files: ModelFiles, tensorrt: bool = False, model: ModelDeclaration | None = None) -> None:
+    """FP32 + INT8 (+ the TensorRT INT8 when a variant uses it), once, under a file lock (builders may race); the
+    INT8 builds calibrated on images prepared as `model` declares (default: the built-in declaration)."""
+    from app.models.build import build_fp32
+    from app.models.quantize import QuantizeOptions, quantize
+    from app.models.samples import augmented_samples
+
+    files.root.mkdir(parents=True, exist_ok=True)
+    with open(files.root / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if build_fp32(files):
+            logger.info("built %s", files.fp32)
+        if not files.int8.is_file():
+            logger.info("quantizing %s -> %s (first start only)", files.fp32, files.int8)
+            quantize(files.fp32, files.int8, augmented_samples(64, 0), QuantizeOptions(), model)
+        if tensorrt and not files.int8_trt.is_file():
+            logger.info("quantizing %s -> %s for TensorRT (first start only)", files.fp32, files.int8_trt)
+            quantize(files.fp32, files.int8_trt, augmented_samples(64, 0), QuantizeOptions(target="tensorrt"), model)
+
+
+def build_app(args: AppArgs) -> Application:
+    """Router -> Preprocessor -> Classifier_<variant> for every variant in `args` (no Preprocessor when the Router
+    decodes)."""
+    ensure_models(args)
+    classifiers = {
+        name: Classifier.options(  # type: ignore[attr-defined]
+            name=classifier_deployment_name(name)
+        ).bind(name, args.model_dump())
+        for name in args.variants
+    }
+    preprocessor = (
+        Preprocessor.bind(args.limits.model_dump())  # type: ignore[attr-defined]
+        if args.decode_in == "preprocessor"
+        else None  # the Router decodes (AppArgs.decode_in)
+    )
+    ledger = ABLedger.bind()  # type: ignore[attr-defined]
+    controller = RolloutController.bind(ledger, args.routable)  # type: ignore[attr-defined]
+    return Router.bind(  # type: ignore[attr-defined]
+        preprocessor,
+        classifiers,
+        ledger,
+        args.model_dump(),
+        controller,
+    )
