@@ -265,9 +265,11 @@ def plot(result: dict[str, Any], png: Path, title: str) -> None:
 
 def start_cluster(port: int, cfg: dict[str, Any]) -> Any:
     import ray
+    from ray import serve
     from ray.cluster_utils import Cluster
-    from ray.serve._private import api as serve_api
     from ray.serve.schema import ServeDeploySchema
+
+    from app.serve.serve_internals import serve_client
 
     os.environ.update(private_serve_env(port))  # every node's processes inherit it
     # Ray's metrics reach its export every second (default 10 s), so the autoscaler's view is sampled finely.
@@ -276,8 +278,8 @@ def start_cluster(port: int, cfg: dict[str, Any]) -> Any:
     for node in NODES:
         cluster.add_node(**node)
     ray.init(address=cluster.address, namespace="serve", log_to_driver=False)
-    client = serve_api.serve_start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
-    client.deploy_apps(ServeDeploySchema.model_validate({"applications": cfg["applications"]}))
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
+    serve_client().deploy_apps(ServeDeploySchema.model_validate({"applications": cfg["applications"]}))
     return cluster
 
 

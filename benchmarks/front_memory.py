@@ -48,44 +48,27 @@ KINDS = ("full buffer", "slow body", "slow head")
 def serve_config(tmp: Path, port: int, replica_port: int, replicas: int = 1, other_app: bool = False) -> str:
     """The config Serve 2.60 writes for application `classifier` at / (HTTP and gRPC; with `other_app`, a second
     at /other), Routers from `replica_port`, in tmp/haproxy.cfg. Its own ports (stats, metrics, gRPC, fallback) are
-    free ones. Serve's renderer (HAProxyApi) is plain Python: no Ray is started."""
-    from ray.serve._private.common import RequestProtocol
-    from ray.serve._private.haproxy import BackendConfig, HAProxyApi, HAProxyConfig, ServerConfig
+    free ones. Serve's renderer (app.serve.serve_internals.render_haproxy_config) is plain Python: no Ray is started."""
+    from app.serve.serve_internals import HAProxyBackend, render_haproxy_config
 
-    cfg = HAProxyConfig(
-        socket_path=str(tmp / "admin.sock"),
-        server_state_base=str(tmp),
-        server_state_file=str(tmp / "server-state"),
-        stats_port=free_port(),
-        metrics_port=free_port(),
-        metrics_enabled=False,  # else HAProxy logs every request to Serve's shared metrics socket
-        has_received_routes=True,  # as once Serve's controller has sent them: /-/healthz then answers 200
-        has_received_servers=True,
-    )
-    cfg.http_options.host, cfg.http_options.port = "127.0.0.1", port
-    cfg.grpc_options.port = free_port()
-    cfg.grpc_options.grpc_servicer_functions = ["app.protocol.v2_grpc.add_servicer"]  # any: it only turns gRPC on
+    ports = {"stats": free_port(), "metrics": free_port(), "http": port, "grpc": free_port()}
     name = "SERVE_REPLICA_classifier-Router-{}"
-    servers = [ServerConfig(name.format(i), "127.0.0.1", replica_port + i) for i in range(replicas)]
-    fallback = ServerConfig("SERVE_PROXY_ACTOR-fallback", "127.0.0.1", free_port())
-    backends = {
-        "http": BackendConfig("http-classifier", "/", servers=servers, fallback_server=fallback, app_name="classifier"),
-        "grpc": BackendConfig(
-            "grpc-classifier", "/", servers=servers, app_name="classifier", protocol=RequestProtocol.GRPC
-        ),
-    }
+    servers = [(name.format(i), "127.0.0.1", replica_port + i) for i in range(replicas)]
+    fallback = ("SERVE_PROXY_ACTOR-fallback", "127.0.0.1", free_port())
+    backends = [
+        HAProxyBackend("http-classifier", "/", "classifier", servers, fallback=fallback),
+        HAProxyBackend("grpc-classifier", "/", "classifier", servers, grpc=True),
+    ]
     if other_app:
-        other = [ServerConfig("SERVE_REPLICA_other-Ingress-0", "127.0.0.1", replica_port + replicas)]
-        backends["other"] = BackendConfig("http-other", "/other", servers=other, app_name="other")
-    api = HAProxyApi(cfg, backends, config_file_path=str(tmp / "haproxy.cfg"))
-    api._generate_config_file_internal()
-    return (tmp / "haproxy.cfg").read_text()
+        other = [("SERVE_REPLICA_other-Ingress-0", "127.0.0.1", replica_port + replicas)]
+        backends.append(HAProxyBackend("http-other", "/other", "other", other))
+    return render_haproxy_config(tmp, "127.0.0.1", ports, backends)
 
 
 def serve_maxconn() -> int:
-    from ray.serve._private.constants import RAY_SERVE_HAPROXY_MAXCONN
+    from app.serve.serve_internals import haproxy_maxconn
 
-    return int(RAY_SERVE_HAPROXY_MAXCONN)
+    return haproxy_maxconn()
 
 
 @contextmanager

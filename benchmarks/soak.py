@@ -56,13 +56,13 @@ def serve_child(config_path: str, metrics_port: int) -> None:
     """`serve run <config>` on a private local Ray whose metrics export port is fixed: `serve run` alone cannot fix
     it and `ray start --head` leaves daemons that only `ray stop` (everyone's Ray) ends. Ctrl-C stops both."""
     import ray
-    from ray.serve._private.constants import SERVE_NAMESPACE
     from ray.serve.scripts import run
 
     # Started in the background by a non-interactive shell, a process inherits SIGINT ignored, and Python then
     # leaves it ignored: `serve run` would never see Ctrl-C and only SIGTERM would stop it, uncleanly.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    ray.init(address="local", namespace=SERVE_NAMESPACE, include_dashboard=False, _metrics_export_port=metrics_port)
+    # Serve's namespace, "serve", as `serve run` joins it.
+    ray.init(address="local", namespace="serve", include_dashboard=False, _metrics_export_port=metrics_port)
     print(f"ray address {ray.get_runtime_context().gcs_address}; metrics on :{metrics_port}", flush=True)
     run.main([config_path], standalone_mode=False)
 

@@ -85,11 +85,12 @@ class LiveApp:
         # explicit address only uses it when told to (before Ray is imported: its config is read then).
         os.environ.setdefault("RAY_AUTH_MODE", "token")
         import ray
-        from ray.serve._private.constants import SERVE_NAMESPACE
-        from ray.serve.context import _connect
 
-        ray.init(address=ray_address, namespace=SERVE_NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
-        self.client = _connect()
+        from app.serve.serve_internals import serve_client
+
+        # Serve's namespace, "serve", as `serve run` and `serve deploy` join it.
+        ray.init(address=ray_address, namespace="serve", log_to_driver=False, logging_level=logging.WARNING)
+        self.client = serve_client()
         details = self.client.get_serve_details()
         apps, serve_port = details.get("applications", {}), (details.get("http_options") or {}).get("port")
         # deploy_apps replaces the whole set of applications: every one must come from a config, to be sent back

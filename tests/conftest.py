@@ -114,9 +114,11 @@ def driver_handle(deployment_name: str, app_name: str | None = None) -> Any:
     """
     from ray import serve
 
+    from app.serve.serve_internals import init_handle_on_router_thread
+
     handle = serve.get_deployment_handle(deployment_name, app_name=app_name or APP_NAME)  # cached: the same again
     if not handle.is_initialized:
-        handle._init(_run_router_in_separate_loop=True)
+        init_handle_on_router_thread(handle)
     return handle
 
 
@@ -144,14 +146,17 @@ class ServeDeployer:
     """Deploys Serve configs the way `serve run <config>` / `serve deploy` do (controller.apply_config)."""
 
     def __init__(self) -> None:
-        from ray.serve._private import api as serve_api
+        from ray import serve
+
+        from app.serve.serve_internals import serve_client
 
         grpc = load_config("local.yaml")["grpc_options"]
-        self.client = serve_api.serve_start(
+        serve.start(
             http_options={"host": "127.0.0.1", "port": SERVE_PORT},
             grpc_options={**grpc, "port": GRPC_PORT},
             proxy_location="HeadOnly",
         )
+        self.client = serve_client()
         self.grpc_url = f"127.0.0.1:{GRPC_PORT}"
         self.url = f"http://127.0.0.1:{SERVE_PORT}"
         self.current: dict[str, Any] | None = None

@@ -35,6 +35,7 @@ from ray.cluster_utils import Cluster
 from app.front import Front
 from app.models import ModelFiles
 from app.models.samples import sample_bytes
+from app.serve.serve_internals import serve_client
 from benchmarks.autoscale import prod_on_one_machine, replica_counts
 from benchmarks.stats import percentile
 from tests.conftest import driver_handle, use_serve_env, wait_until
@@ -66,9 +67,8 @@ def _serving(c: Cluster, model_files: ModelFiles, redis: Redis) -> Iterator[dict
     cpu = c.add_node(num_cpus=4, resources={"cpu_pool": 100})
     gpu = c.add_node(num_cpus=2, num_gpus=1)
     ray.init(address=c.address, namespace="serve", log_to_driver=False)
-    from ray.serve._private import api as serve_api
-
-    client = serve_api.serve_start(http_options={"host": "127.0.0.1", "port": PORT}, proxy_location="HeadOnly")
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT}, proxy_location="HeadOnly")
+    client = serve_client()
     cfg = prod_on_one_machine(model_files, fixed={"Preprocessor": 2})
     deploy(cfg, client)
     wait_until(lambda: httpx.get(URL + "/readyz", timeout=5).status_code == 200, 240, 0.5, "prod app ready")

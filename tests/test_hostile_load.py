@@ -32,6 +32,7 @@ from ray import serve
 from app.config import Limits
 from app.front.haproxy_config import Front
 from app.models import ModelFiles
+from app.serve.serve_internals import serve_client
 from benchmarks import hostile_load
 from benchmarks.procs import is_raylet, proc_table
 from tests.conftest import APP_NAME, local_config, use_serve_env, wait_until
@@ -71,14 +72,14 @@ def attacked(model_files: ModelFiles, tmp_path_factory: pytest.TempPathFactory) 
     use_serve_env(PORT)  # HAProxy in front, as make serve runs it; private HAProxy files and replica ports
     # Logical CPUs above the 2 real cores: local.yaml's fractional shares must all fit (as tests/conftest.py).
     ray.init(num_cpus=6, include_dashboard=False, namespace="serve", log_to_driver=False)
-    from ray.serve._private import api as serve_api
     from ray.serve.schema import ServeDeploySchema
 
     cfg = local_config(model_files)
     cfg["http_options"]["port"] = PORT
     # The speed gate times FP32 beside INT8 at start: a CPU-minute on 2 cores that this test does not need.
     cfg["applications"][0]["args"].pop("speed_gate", None)
-    client = serve_api.serve_start(http_options={"host": "127.0.0.1", "port": PORT}, proxy_location="HeadOnly")
+    serve.start(http_options={"host": "127.0.0.1", "port": PORT}, proxy_location="HeadOnly")
+    client = serve_client()
     client.deploy_apps(ServeDeploySchema.model_validate({"applications": cfg["applications"]}))
     # Every replica constructed (warm-up and self-measurement done), then ready through HAProxy.
     wait_until(deployments_healthy, 240, 0.5, "every deployment HEALTHY")

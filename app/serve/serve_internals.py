@@ -1,11 +1,15 @@
-"""Everything this app reads from Ray Serve that its public API does not give: the one place it is done.
+"""Everything this app, its tests and its benchmarks take from Ray that Ray's public API does not give: the one place
+it is done (import-linter's private-API contract and tests/test_layering.py hold everything else to the public API).
 
-Each use names the Ray version it was read from (2.60) and is read defensively: a change in
-Serve's internals gives "unknown" (None), never a failing request.
+Each use names the Ray version it was read from (2.60). What the serving code reads is read defensively: a change in
+Serve's internals gives "unknown" (None), never a failing request. What the tests and benchmarks use (the controller
+client, a handle's router thread, Serve's HAProxy renderer) fails loudly instead: they must notice.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ray import serve
@@ -80,3 +84,77 @@ def kv_put(key: bytes, value: bytes, namespace: str) -> None:
     from ray.experimental.internal_kv import _internal_kv_put
 
     _internal_kv_put(key, value, True, namespace=namespace)
+
+
+def serve_client() -> Any:
+    """The driver's client of the running Serve controller (ServeControllerClient), as serve.start() left it, else
+    found by name. Private: ray.serve.context._get_global_client (Ray 2.60). What the tests and benchmarks call on it,
+    deploy_apps (a whole config, as `serve deploy` sends it) and get_serve_details (the configs deployed), has no
+    public Python API: only the dashboard's REST API, which they run without."""
+    from ray.serve.context import _get_global_client
+
+    return _get_global_client()
+
+
+def init_handle_on_router_thread(handle: Any) -> None:
+    """Initialise a handle not yet used so that its router runs on Serve's own thread and loop: what a synchronous
+    caller (a test) needs when RAY_SERVE_THROUGHPUT_OPTIMIZED would run it on the caller's event loop, which it lacks.
+    Private: DeploymentHandle._init(_run_router_in_separate_loop=True) (Ray 2.60); handle.options() does not take it
+    and RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP is read once, for every handle of the process."""
+    handle._init(_run_router_in_separate_loop=True)
+
+
+@dataclass(frozen=True)
+class HAProxyBackend:
+    """One backend of Serve's HAProxy config: an application's Routers as (server name, host, port)."""
+
+    name: str
+    path_prefix: str
+    app_name: str
+    servers: list[tuple[str, str, int]]
+    fallback: tuple[str, str, int] | None = None
+    grpc: bool = False
+
+
+def render_haproxy_config(directory: Path, host: str, ports: dict[str, int], backends: list[HAProxyBackend]) -> str:
+    """The haproxy.cfg Serve writes (into `directory`, with its socket and server-state files) for `backends`, as once
+    its controller has sent routes and servers, without the per-request metrics log; `ports`: http, grpc, stats,
+    metrics. Plain Python: no Ray is started. Private: ray.serve._private.haproxy (HAProxyConfig, HAProxyApi and its
+    _generate_config_file_internal, Ray 2.60): Serve's HAProxy mode has no public renderer."""
+    from ray.serve._private.common import RequestProtocol
+    from ray.serve._private.haproxy import BackendConfig, HAProxyApi, HAProxyConfig, ServerConfig
+
+    cfg = HAProxyConfig(
+        socket_path=str(directory / "admin.sock"),
+        server_state_base=str(directory),
+        server_state_file=str(directory / "server-state"),
+        stats_port=ports["stats"],
+        metrics_port=ports["metrics"],
+        metrics_enabled=False,  # else HAProxy logs every request to Serve's shared metrics socket
+        has_received_routes=True,  # as once Serve's controller has sent them: /-/healthz then answers 200
+        has_received_servers=True,
+    )
+    cfg.http_options.host, cfg.http_options.port = host, ports["http"]
+    cfg.grpc_options.port = ports["grpc"]
+    cfg.grpc_options.grpc_servicer_functions = ["app.protocol.v2.grpc.add_servicer"]  # any: it only turns gRPC on
+    configs = {
+        b.name: BackendConfig(
+            b.name,
+            b.path_prefix,
+            servers=[ServerConfig(*s) for s in b.servers],
+            fallback_server=None if b.fallback is None else ServerConfig(*b.fallback),
+            app_name=b.app_name,
+            protocol=RequestProtocol.GRPC if b.grpc else RequestProtocol.HTTP,
+        )
+        for b in backends
+    }
+    HAProxyApi(cfg, configs, config_file_path=str(directory / "haproxy.cfg"))._generate_config_file_internal()
+    return (directory / "haproxy.cfg").read_text()
+
+
+def haproxy_maxconn() -> int:
+    """HAProxy's global maxconn as Serve renders it (RAY_SERVE_HAPROXY_MAXCONN, with Serve's default). Private:
+    ray.serve._private.constants (Ray 2.60)."""
+    from ray.serve._private.constants import RAY_SERVE_HAPROXY_MAXCONN
+
+    return int(RAY_SERVE_HAPROXY_MAXCONN)
