@@ -19,7 +19,7 @@ import app.serve.preprocessor as preprocessor_module
 from app.config import Limits
 from app.errors import ServiceError
 from app.imaging.decode_budget import DecodeBudget, slots_for
-from app.imaging.preprocess import estimate_decode_bytes
+from app.imaging.decode_cost import estimate_decode_bytes
 from tests.conftest import BlockingDecode
 from tests.hostile import cv_encode, pattern_image, png_16bit_rgba_bomb, tiff_from_array
 

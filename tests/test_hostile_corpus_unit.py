@@ -12,7 +12,8 @@ import pytest
 
 from app.config import Limits
 from app.errors import STATUS, ImageInputError
-from app.imaging.preprocess import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, check_header, cv2, preprocess
+from app.imaging.decode_cost import DEFAULT_MAX_DECODE_BYTES
+from app.imaging.preprocess import DEFAULT_MAX_PIXELS, check_header, cv2, preprocess
 from tests.hostile import DEFAULT_MAX_BODY_BYTES, HostileCase, hostile_cases
 
 CASES = hostile_cases()

@@ -229,7 +229,7 @@ def test_the_walk_finds_a_planted_private_ray_use(source: str, use: str) -> None
     [
         "from ray import serve\nserve.start(proxy_location='HeadOnly')\nserve.status().applications",
         "from app.serve.serve_internals import serve_client\nserve_client().deploy_apps(schema)",
-        "from app.imaging import preprocess as pre\npre._to_uint8(image)",  # this repo's own privates: not Ray's
+        "from app.imaging import convert\nconvert._to_uint8(image)",  # this repo's own privates: not Ray's
         "from urllib.parse import urlsplit\nurlsplit(url)._replace(path='/')",
         "import ray\nray.init(_metrics_export_port=8080)",  # ray.init's documented (unstable) options: its public API
         "'ray.serve._private' in text  # a string, a comment: not a use",

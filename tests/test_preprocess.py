@@ -22,16 +22,11 @@ from PIL import Image, ImageOps
 
 from app.config import Limits
 from app.errors import STATUS, ImageInputError
+from app.imaging import convert, decode_cost, opencv, probe
 from app.imaging import preprocess as pre
-from app.imaging.preprocess import (
-    DEFAULT_MAX_DECODE_BYTES,
-    DEFAULT_MAX_PIXELS,
-    _decode_checked,
-    cv2,
-    estimate_decode_bytes,
-    preprocess,
-    probe_dimensions,
-)
+from app.imaging.decode_cost import DEFAULT_MAX_DECODE_BYTES, estimate_decode_bytes
+from app.imaging.preprocess import DEFAULT_MAX_PIXELS, _decode_checked, cv2, preprocess
+from app.imaging.probe import probe_dimensions
 from tests.hostile import (
     bmp_header_only,
     cv_encode,
@@ -247,9 +242,9 @@ def test_invalid_or_looping_exif_is_ignored() -> None:
     images = valid_images()
     out = check(preprocess(images["jpeg_exif_self_looping_ifd"]))
     assert out.std() > 10  # a real picture, not a blank
-    assert pre._orientation_from_exif(b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\xff\xff") == 1
-    assert pre._orientation_from_exif(exif_blob(9)) == 1
-    assert pre._orientation_from_exif(b"") == 1
+    assert probe.orientation_from_exif(b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\xff\xff") == 1
+    assert probe.orientation_from_exif(exif_blob(9)) == 1
+    assert probe.orientation_from_exif(b"") == 1
 
 
 @pytest.mark.parametrize("bits", [8, 24, 32])
@@ -385,7 +380,7 @@ def test_extreme_aspect_ratios(ext: str, height: int, width: int) -> None:
 
 def test_reduced_jpeg_decode_of_full_hd_is_close_to_full_decode() -> None:
     data = cv_encode(".jpg", pattern_image(1080, 1920, seed=3), [cv2.IMWRITE_JPEG_QUALITY, 90])
-    assert pre.reduced_decode_flag(1920, 1080, 224) == cv2.IMREAD_REDUCED_COLOR_4
+    assert decode_cost.reduced_decode_flag(1920, 1080, 224) == cv2.IMREAD_REDUCED_COLOR_4
     assert decode_image(data, target=224).shape == (270, 480, 3)
     reduced = check(preprocess(data, reduced=True))
     full = check(preprocess(data, reduced=False))
@@ -393,9 +388,9 @@ def test_reduced_jpeg_decode_of_full_hd_is_close_to_full_decode() -> None:
 
 
 def test_reduced_flag_choice() -> None:
-    assert pre.reduced_decode_flag(224, 224, 224) == cv2.IMREAD_COLOR
-    assert pre.reduced_decode_flag(500, 448, 224) == cv2.IMREAD_REDUCED_COLOR_2
-    assert pre.reduced_decode_flag(4000, 3000, 224) == cv2.IMREAD_REDUCED_COLOR_8
+    assert decode_cost.reduced_decode_flag(224, 224, 224) == cv2.IMREAD_COLOR
+    assert decode_cost.reduced_decode_flag(500, 448, 224) == cv2.IMREAD_REDUCED_COLOR_2
+    assert decode_cost.reduced_decode_flag(4000, 3000, 224) == cv2.IMREAD_REDUCED_COLOR_8
 
 
 def test_other_output_sizes() -> None:
@@ -493,19 +488,19 @@ def test_png_chunk_length_past_the_end_is_refused_before_decoding(
     data = png_with_chunk_length(with_text if chunk == 2 else png, chunk, length)
     monkeypatch.setattr(cv2, "imdecode", _no_decoding)
     monkeypatch.setattr(cv2, "imdecodeWithMetadata", _no_decoding)
-    assert not pre.png_chunks_fit(data)
+    assert not probe.png_chunks_fit(data)
     refused(data, "undecodable_image")
 
 
 def test_png_chunk_walk() -> None:
     png = cv_encode(".png", pattern_image(64, 96))
-    assert pre.png_chunks_fit(png)
-    assert pre.png_chunks_fit(png + b"trailing bytes after IEND")
-    assert not pre.png_chunks_fit(png[: png.rfind(b"IEND") - 4])  # no IEND: OpenCV refuses those too
+    assert probe.png_chunks_fit(png)
+    assert probe.png_chunks_fit(png + b"trailing bytes after IEND")
+    assert not probe.png_chunks_fit(png[: png.rfind(b"IEND") - 4])  # no IEND: OpenCV refuses those too
     refused(png[: png.rfind(b"IEND") - 4], "undecodable_image")
     many = png[:33] + png_chunk(b"tEXt", b"") * 70_000 + png[33:]
     start = time.perf_counter()
-    assert not pre.png_chunks_fit(many)  # bounded walk
+    assert not probe.png_chunks_fit(many)  # bounded walk
     assert time.perf_counter() - start < 0.5
 
 
@@ -521,30 +516,31 @@ def test_pixel_limit_boundary() -> None:
 def test_max_pixels_above_opencv_limit_is_capped_to_it() -> None:
     """OpenCV would refuse it anyway; it is refused from the header with the effective limit."""
     error = refused(png_raw(7_000, 7_000, b""), "too_many_pixels", max_pixels=10**12)
-    assert str(pre.OPENCV_MAX_PIXELS) in error.message
+    assert str(opencv.OPENCV_MAX_PIXELS) in error.message
 
 
 _GUARD_SCRIPT = """
 {first}
 import numpy as np
+from app.imaging import opencv, probe
 from app.imaging import preprocess as pre
 from app.errors import ImageInputError
 from tests.hostile import png_bomb
 
-cv2 = pre.cv2
+cv2 = opencv.cv2
 bomb = png_bomb(8000, 5001)  # 40,008,000 pixels: just over OPENCV_IO_MAX_IMAGE_PIXELS
 try:
     cv2.imdecode(np.frombuffer(bomb, np.uint8), cv2.IMREAD_UNCHANGED)
     raw = "decoder-ran"
 except cv2.error as e:
     raw = "refused" if "CV_IO_MAX_IMAGE_PIXELS" in str(e) else "other"
-pre.probe_dimensions = lambda data: pre.ImageInfo("png", 1, 1)  # the first line, fooled
+pre.probe_dimensions = lambda data: probe.ImageInfo("png", 1, 1)  # the first line, fooled where check_header reads it
 try:
     pre.preprocess(bomb, max_pixels=10**12)
     fooled = "decoded"
 except ImageInputError as e:
     fooled = e.code
-print(raw, fooled, pre.opencv_pixel_guard_active())
+print(raw, fooled, opencv.opencv_pixel_guard_active())
 """
 
 
@@ -555,9 +551,10 @@ print(raw, fooled, pre.opencv_pixel_guard_active())
 )
 def test_opencv_pixel_guard_is_the_second_line(first: str, expected: str) -> None:
     """OPENCV_IO_MAX_IMAGE_PIXELS refuses an over-limit image even when the header probe is fooled.
-    OpenCV reads it once, when cv2 loads, so app.imaging.preprocess has to be imported first (it warns if not;
-    the guard is then off and the fooled probe lets the decoder allocate the 40 Mpx image, which only
-    fails on its missing data). Run in a fresh interpreter: the test session's import order is not ours."""
+    OpenCV reads it once, when cv2 loads, so app.imaging.opencv (which app.imaging.preprocess imports) has to be
+    imported first (it warns if not; the guard is then off and the fooled probe lets the decoder allocate the
+    40 Mpx image, which only fails on its missing data). Run in a fresh interpreter: the test session's import
+    order is not ours."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENCV_")}
     result = subprocess.run(
         [sys.executable, "-c", _GUARD_SCRIPT.format(first=first)],
@@ -575,7 +572,7 @@ def test_opencv_pixel_guard_is_the_second_line(first: str, expected: str) -> Non
 # --------------------------------------------------------------------------- the decode budget
 
 MB = 1_000_000
-OVERHEAD = pre._DECODE_OVERHEAD  # what every estimate adds for codec state and the resize
+OVERHEAD = decode_cost._DECODE_OVERHEAD  # what every estimate adds for codec state and the resize
 W40, H40 = 8000, 5000  # 40 MP: the default pixel limit
 
 
@@ -585,7 +582,7 @@ def _no_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_default_budget_is_the_config_default() -> None:
-    assert Limits().max_decode_bytes == pre.DEFAULT_MAX_DECODE_BYTES == 512 * 1024 * 1024
+    assert Limits().max_decode_bytes == decode_cost.DEFAULT_MAX_DECODE_BYTES == 512 * 1024 * 1024
     assert Limits().preprocessor_memory_bytes >= Limits().max_decode_bytes
     with pytest.raises(ValueError, match="max_decode_bytes"):
         Limits(max_decode_bytes=2 << 30, preprocessor_memory_bytes=1 << 30)
@@ -635,7 +632,7 @@ def test_estimate_of_no_header_is_zero() -> None:
 
 
 def test_default_budget_passes_every_8bit_image_up_to_the_pixel_limit() -> None:
-    budget = pre.DEFAULT_MAX_DECODE_BYTES
+    budget = decode_cost.DEFAULT_MAX_DECODE_BYTES
     fits = {
         "png rgb": png_raw(W40, H40, b"", color_type=2),
         "png rgba": png_raw(W40, H40, b"", color_type=6),
@@ -714,19 +711,19 @@ def test_zlib_zeros_builds_real_streams() -> None:
 
 def _whole_image_reference(img: np.ndarray) -> np.ndarray:
     """The conversion as it was before it went band by band: the whole image at once."""
-    u8 = pre._to_uint8(img)
+    u8 = convert._to_uint8(img)
     channels = 1 if u8.ndim == 2 else u8.shape[2]
     if channels == 1:
         return u8.reshape(u8.shape[:2])
     if channels == 2:
         gray, alpha = cv2.extractChannel(u8, 0), cv2.extractChannel(u8, 1)
-        return pre._composite(cv2.merge([gray, gray, gray, alpha]))
-    return u8 if channels == 3 else pre._composite(u8)
+        return convert._composite(cv2.merge([gray, gray, gray, alpha]))
+    return u8 if channels == 3 else convert._composite(u8)
 
 
 def _random_image(dtype: str, channels: int, width: int = 700) -> np.ndarray:
     """Three bands of rows and a short fourth one."""
-    height = 3 * (pre._BAND_SAMPLES // (width * channels)) + 17
+    height = 3 * (convert._BAND_SAMPLES // (width * channels)) + 17
     rng = np.random.default_rng(channels)
     shape = (height, width, channels)
     if dtype.startswith("float"):
@@ -742,16 +739,16 @@ def _random_image(dtype: str, channels: int, width: int = 700) -> np.ndarray:
 @pytest.mark.parametrize("channels", [1, 2, 3, 4])
 def test_bandwise_conversion_equals_the_whole_image_conversion(dtype: str, channels: int) -> None:
     img = _random_image(dtype, channels)
-    out = pre._to_bgr_or_gray(img)
+    out = convert.to_bgr_or_gray(img)
     assert out.dtype == np.uint8 and out.shape == (img.shape[:2] if channels == 1 else (*img.shape[:2], 3))
     np.testing.assert_array_equal(out, _whole_image_reference(img))
 
 
 def test_uint8_bgr_and_gray_are_not_copied() -> None:
     bgr, gray = np.zeros((30, 40, 3), np.uint8), np.zeros((30, 40), np.uint8)
-    assert pre._to_bgr_or_gray(bgr) is bgr
-    assert np.shares_memory(pre._to_bgr_or_gray(gray), gray)
-    assert np.shares_memory(pre._to_bgr_or_gray(gray[..., None]), gray)
+    assert convert.to_bgr_or_gray(bgr) is bgr
+    assert np.shares_memory(convert.to_bgr_or_gray(gray), gray)
+    assert np.shares_memory(convert.to_bgr_or_gray(gray[..., None]), gray)
 
 
 @pytest.mark.parametrize(("dtype", "channels"), [("uint16", 4), ("uint16", 3), ("float32", 4), ("float64", 3)])
@@ -762,14 +759,14 @@ def test_conversion_peak_memory_stays_near_the_output_size(dtype: str, channels:
     img = np.full((2500, 4000, channels), 0.5 if dtype.startswith("float") else 30_000, dtype)
     tracemalloc.start()
     try:
-        out = pre._to_bgr_or_gray(img)
+        out = convert.to_bgr_or_gray(img)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert out.nbytes == 2500 * 4000 * 3
     assert peak <= out.nbytes + 8 * MB, (peak, out.nbytes)
     assert peak < img.nbytes  # not even one full-size copy of the input
-    assert peak - out.nbytes <= pre._CONVERSION_WORKSPACE  # what the estimate allows for it
+    assert peak - out.nbytes <= decode_cost._CONVERSION_WORKSPACE  # what the estimate allows for it
 
 
 # --------------------------------------------------------------------------- TIFF layouts
@@ -1029,7 +1026,7 @@ def test_opencv_logging_is_quiet() -> None:
 
 def test_bad_inputs_leave_no_opencv_log_lines(tmp_path: Path) -> None:
     """OpenCV logs each failed decode at ERROR ("can't read header", TIFF_Error ...); silenced here.
-    (libjpeg's and libpng's own stderr lines are not OpenCV's to silence; see app/imaging/preprocess.py.)"""
+    (libjpeg's and libpng's own stderr lines are not OpenCV's to silence; see app/imaging/opencv.py.)"""
     bad = [c.body for c in hostile_cases() if c.layer == "preprocess" and c.expected_status == 400]
     corpus = tmp_path / "bad.bin"
     corpus.write_bytes(b"".join(struct.pack("<I", len(b)) + b for b in bad))

@@ -1,7 +1,7 @@
 """How much decoding a replica does at once: bounded by its CPUs and by the memory the decodes take.
 
 Pure asyncio, no Ray. A `DecodeBudget` hands out reservations of an image's estimated decode
-cost (`app.imaging.preprocess.estimate_decode_bytes`): at most `max_concurrent` at a time, whose bytes
+cost (`app.imaging.decode_cost.estimate_decode_bytes`): at most `max_concurrent` at a time, whose bytes
 never sum past `max_bytes`. A reservation that does not fit waits, first come first served (a
 large one at the head is not starved by small ones behind it); one larger than `max_bytes` could
 never fit and is refused at once (413 decode_budget_exceeded).

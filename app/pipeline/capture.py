@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import CaptureArgs
-from app.imaging.preprocess import probe_dimensions
+from app.imaging.probe import probe_dimensions
 from app.models.calibration import IMAGE_SUFFIXES
 
 logger = logging.getLogger("ray.serve")
