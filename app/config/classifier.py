@@ -1,0 +1,32 @@
+"""`ClassifierConfig`: each Classifier deployment's user_config, its dynamic batching (live)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from app.config.base import _Strict
+
+
+class ClassifierConfig(_Strict):
+    """A Classifier's user_config: dynamic batching, changed live through reconfigure."""
+
+    max_batch_size: int = Field(16, gt=0, le=256, description="images per ONNX Runtime call")
+    batch_wait_timeout_s: float = Field(0.003, ge=0, le=1, description="how long a partial batch waits to fill")
+    max_concurrent_batches: int = Field(1, gt=0, le=8, description="batches in flight per replica")
+    warmup: bool = Field(True, description="run every batch size once at start so first requests are not slow")
+    profile_batches: int = Field(0, ge=0, le=1000, description="profile the next N batches with ONNX Runtime")
+    profile_dir: str = Field("/tmp/app-profiles", description="where profiling traces are written")
+
+    def check_against(self, max_ongoing_requests: int) -> None:
+        """Batches can only fill if a replica accepts enough requests at once."""
+        needed = self.max_batch_size * self.max_concurrent_batches
+        if max_ongoing_requests < needed:
+            raise ValueError(
+                f"user_config.max_batch_size ({self.max_batch_size}) x max_concurrent_batches "
+                f"({self.max_concurrent_batches}) = {needed} exceeds max_ongoing_requests ({max_ongoing_requests}): "
+                "batches could never fill; raise max_ongoing_requests or lower max_batch_size"
+            )
+
+
+def classifier_deployment_name(variant: str) -> str:
+    return f"Classifier_{variant}"
