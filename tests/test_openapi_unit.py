@@ -21,6 +21,8 @@ from app.errors import STATUS, ServiceError
 from app.http import docs
 from app.http.openapi import OPERATIONS, build_openapi
 from app.pipeline.abstats import ABStats
+from app.pipeline.service import Outcome
+from app.protocol import v1
 from tests.openapi_support import check, component, declared, fits
 from tests.test_ingress_rollout_unit import router
 
@@ -165,3 +167,16 @@ def test_the_document_and_its_models_are_pure() -> None:
 @pytest.mark.parametrize("op", OPERATIONS, ids=lambda op: f"{op.method} {op.path}")
 def test_each_operation_has_a_summary_and_a_tag(op: Any) -> None:
     assert op.summary and op.tag and op.path.startswith("/")
+
+
+def test_a_score_past_one_by_a_rounding_error_is_one_not_a_refused_reply() -> None:
+    """A graph declared `output: probabilities` may give 1.0000005: the reply says 1.0 (its schema's bound), where
+    building the reply from the model would otherwise fail the request."""
+    routes, _ = route_table()
+    handler = routes[("POST", "/v1/classify")].__self__
+    outcome = Outcome("fp32", "weighted", False, {0: [(1, 1.0000005), (0, -1e-9)]}, {})
+    fields = handler._classification(outcome, 0, "r", 2, ["a", "b"])
+    took = v1.RequestTimings(preprocess=1, queue=0, inference=2, batch_size=1, receive=0, total=3)
+    body = v1.ClassifyResponse(**fields, timings_ms=took)
+    assert [(p.label, p.score) for p in body.predictions] == [("b", 1.0), ("a", 0.0)]
+    assert "failover" not in body.model_dump_json(exclude_defaults=True)

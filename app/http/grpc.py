@@ -4,16 +4,16 @@
 Serve's gRPC ingress (its proxy, or with HAProxy each Router replica's own gRPC server) calls the Router's
 method named after the RPC with the request message and a `grpc_context`; the Router hands both here. The
 messages and their conversion are app/protocol/v2/grpc.py. What the REST endpoint does, this does in the same order
-with the same objects: the model name's pin, the A/B choice from the routing headers (here gRPC metadata,
-`x-user-id` and `x-model-variant` by default), the body limit, admission, the pipeline, Triton's statistics
-and the Router's metrics (endpoint `grpc`).
+with the same objects: the model name's pin, the size limit, admission, the A/B choice from the routing headers
+(here gRPC metadata, `x-user-id` and `x-model-variant` by default), the pipeline, Triton's statistics and the
+Router's metrics (endpoint `grpc`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import Headers
@@ -116,8 +116,8 @@ class GRPC:
                 f"the request carries {size} bytes of tensors; the limit is {self.limits.max_body_bytes}",
             )
 
-        async def parse(choice: Choice, image_shape: tuple[int, int, int]) -> v2.InferRequest:
-            return v2_grpc.infer_request(msg, self.limits, image_shape)
+        async def parse(choice: Choice, image_shape: Callable[[], Awaitable[tuple[int, int, int]]]) -> v2.InferRequest:
+            return v2_grpc.infer_request(msg, self.limits, await image_shape())
 
         def encode(name: str, req: v2.InferRequest, outputs: Outputs, parameters: dict[str, Any]) -> Any:
             return v2_grpc.infer_response(name, v2.DEFAULT_VERSION, req.id, outputs, parameters)

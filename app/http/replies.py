@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response
 from app.errors import ServiceError
 from app.protocol import v2
 
-if TYPE_CHECKING:  # a type only (app/serve/metrics.py): the metrics come in from the Ingress
+if TYPE_CHECKING:  # a type only (app/serve/metrics.py): the metrics are handed in by app/http/assembly.py
     from app.serve.metrics import RouterMetrics
 
 

@@ -29,6 +29,12 @@ logger = logging.getLogger("ray.serve")
 SINGLE, BATCH = "/v1/classify", "/v1/classify/batch"
 
 
+def _score(p: float) -> float:
+    """A probability to 6 digits, within [0, 1]: a graph declared `output: probabilities` may overshoot by a
+    rounding error (1.0000005), which the reply's schema would refuse."""
+    return min(1.0, max(0.0, round(p, 6)))
+
+
 class V1:
     def __init__(
         self,
@@ -99,10 +105,6 @@ class V1:
         timings = {"receive": ms(received - t0), **outcome.timings(), "total": ms(time.perf_counter() - t0)}
         if not batch and outcome.errors:
             return self._failed(endpoint, rid, outcome.errors[0], outcome.variant)
-        pipeline.evidence.stats.record_request(outcome.variant, timings["total"], ok=True)
-        logger.info(
-            "classify request_id=%s variant=%s status=200 total_ms=%.1f", rid, outcome.variant, timings["total"]
-        )
         took = v1.RequestTimings(**timings, batch_size=outcome.batch_size)
         body: v1.ClassifyResponse | v1.BatchResponse
         if batch:
@@ -120,6 +122,10 @@ class V1:
             body = v1.BatchResponse(request_id=rid, variant=outcome.variant, results=results, timings_ms=took)
         else:
             body = v1.ClassifyResponse(**self._classification(outcome, 0, rid, top_k, labels), timings_ms=took)
+        pipeline.evidence.stats.record_request(outcome.variant, timings["total"], ok=True)  # the reply is built
+        logger.info(
+            "classify request_id=%s variant=%s status=200 total_ms=%.1f", rid, outcome.variant, timings["total"]
+        )
         return model_response(body, headers=self.replies.success(endpoint, outcome.variant, timings))
 
     def _failed(self, endpoint: str, rid: str, e: ServiceError, variant: str) -> Response:
@@ -140,7 +146,7 @@ class V1:
             "variant": o.variant,
             "model": self.args.model.name,
             "predictions": [
-                v1.Prediction(class_id=c, label=labels[c] if c < len(labels) else f"class_{c}", score=round(p, 6))
+                v1.Prediction(class_id=c, label=labels[c] if c < len(labels) else f"class_{c}", score=_score(p))
                 for c, p in o.top[pos][:top_k]
             ],
             "routing": o.routing,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -110,10 +111,11 @@ class V2:
         raw = await self.bodies.receive(request, json_limit if header_length is None and not compressed else body_limit)
         received = time.perf_counter()  # the deadline runs from the body's arrival, a wait for admission included
 
-        async def parse(choice: Choice, image_shape: tuple[int, int, int]) -> v2.InferRequest:
+        async def parse(choice: Choice, image_shape: Callable[[], Awaitable[tuple[int, int, int]]]) -> v2.InferRequest:
             body = await self.bodies.inflate(raw, encoding, json_limit if header_length is None else body_limit)
+            shape = await image_shape()  # after the body is undone: a bad encoding is refused without a backend call
             remaining = received + self.policy.config.inference_timeout_s - time.perf_counter()
-            return await parse_request(self.parsers, body, header_length, self.limits, image_shape, remaining)
+            return await parse_request(self.parsers, body, header_length, self.limits, shape, remaining)
 
         def encode(name: str, req: v2.InferRequest, outputs: Outputs, parameters: dict[str, Any]) -> Response:
             out, headers = v2.build_infer_response(

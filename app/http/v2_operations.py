@@ -107,20 +107,24 @@ class V2Operations:
         headers: Mapping[str, str],
         t0: float,
         received: float,
-        parse: Callable[[Choice, tuple[int, int, int]], Awaitable[v2.InferRequest]],
+        parse: Callable[[Choice, Callable[[], Awaitable[tuple[int, int, int]]]], Awaitable[v2.InferRequest]],
         encode: Callable[[str, v2.InferRequest, Outputs, dict[str, Any]], Reply],
     ) -> tuple[Reply, dict[str, str]]:
         """One inference: the encoded reply and the headers a success carries.
 
         size: the request's bytes (admission holds them while it waits); t0: when the request began; received:
-        when its body was in (the deadline runs from there); parse(choice, image shape): the transport's tensors
-        (called once admitted); encode(model name, request, outputs, parameters): the transport's reply."""
+        when its body was in (the deadline runs from there); parse(choice, image_shape): the transport's tensors,
+        called once admitted (image_shape() asks the chosen variant's input shape, when the transport needs it);
+        encode(model name, request, outputs, parameters): the transport's reply."""
         pinned = self.pin(model, version)
         name = v2.model_name_for(self.args.model.name, pinned)
         async with self.pipeline.admitted(size, self.policy.user(headers)):
             choice = self.policy.choose(headers, pinned)
-            spec = await self.pipeline.spec(choice.variant)
-            req = await parse(choice, v2.image_shape(spec))
+
+            async def image_shape() -> tuple[int, int, int]:
+                return v2.image_shape(await self.pipeline.spec(choice.variant))
+
+            req = await parse(choice, image_shape)
             outcome = await self._run(req, choice, received)
         encoded_from = time.perf_counter()
         outputs, parameters = await self._outputs(req, outcome)

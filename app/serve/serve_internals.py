@@ -136,7 +136,8 @@ def render_haproxy_config(directory: Path, host: str, ports: dict[str, int], bac
     )
     cfg.http_options.host, cfg.http_options.port = host, ports["http"]
     cfg.grpc_options.port = ports["grpc"]
-    cfg.grpc_options.grpc_servicer_functions = ["app.protocol.v2.grpc.add_servicer"]  # any: it only turns gRPC on
+    servicer = "tritonclient.grpc.service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server"  # as configs/ name it
+    cfg.grpc_options.grpc_servicer_functions = [servicer]  # in the rendered config, a non-empty list turns gRPC on
     configs = {
         b.name: BackendConfig(
             b.name,
