@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 
+from app.imaging.opencv import cv2  # the service's OpenCV settings (its pixel guard) before the library loads
 from app.imaging.preprocess import preprocess
 from app.models import builtin_transform
 from app.models.samples import available_photos, sample_bytes

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-import cv2
 import numpy as np
 
+from app.imaging.opencv import cv2  # the service's OpenCV settings (its pixel guard) before the library loads
 from app.models.samples import available_photos, sample_bytes
 
 # (width, height): a thumbnail, VGA, the native size of skimage's `chelsea`, 720p and 1080p.

@@ -15,9 +15,9 @@ import functools
 import statistics
 from typing import Any
 
-import cv2
 import numpy as np
 
+from app.imaging.opencv import cv2  # the service's OpenCV settings (its pixel guard) before the library loads
 from app.imaging.preprocess import preprocess
 from app.models import builtin_transform, default_files
 from app.models.samples import EVAL_PHOTOS, sample_bytes

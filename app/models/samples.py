@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import cv2
+from app.imaging.opencv import cv2  # the service's OpenCV settings (its pixel guard) before the library loads
 import numpy as np
 
 # The five photographs whose classes are known (ImageNet ids of the expected top-1).
