@@ -127,15 +127,30 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-") or "unknown"
 
 
-def engine_cache_path(base: str, model_sha256: str, ort_version: str, trt_version: str, gpu_name: str) -> str:
-    """The engine and timing cache directory of one model build on one kind of GPU.
+def engine_cache_path(
+    base: str, model_sha256: str, ort_version: str, trt_version: str, gpu_name: str, build: str = ""
+) -> str:
+    """The engine and timing cache directory of one model build on one kind of GPU, built one way.
 
     TensorRT engines are valid only for the TensorRT version and GPU they were built with, and ORT's own
     cache names do not carry the TensorRT version: keying the directory on all four means an upgrade or
-    a different GPU model builds afresh instead of loading an engine that fails or misbehaves.
+    a different GPU model builds afresh instead of loading an engine that fails or misbehaves. `build`
+    (`engine_build_key`): what the engine was built for beyond those, so a redeploy that changes the
+    profile, a precision flag, the workspace or the builder level builds afresh too.
     """
     key = f"{model_sha256[:16]}-ort{_slug(ort_version)}-trt{_slug(trt_version)}-{_slug(gpu_name)}"
-    return f"{base.rstrip('/')}/{key}"
+    return f"{base.rstrip('/')}/{key}" + (f"-{_slug(build)}" if build else "")
+
+
+def engine_build_key(opts: RuntimeOptions) -> str:
+    """The optimisation profile (min, opt, max batch), the precision flags, the workspace and the builder level
+    an engine is built with. ORT names its engine files by the graph, not by these (onnxruntime#32254 is a
+    sibling): without them in the directory, a changed `tensorrt.max_batch_size` would load an engine built
+    for another profile."""
+    trt = opts.tensorrt
+    flags = [f for f, on in (("int8", opts.precision == "int8"), ("fp16", opts.fp16)) if on] or ["fp32"]
+    profile = f"b1.{trt.opt_batch_size or trt.max_batch_size}.{trt.max_batch_size}"
+    return f"{profile}-{'.'.join(flags)}-ws{trt.workspace_bytes >> 20}m-l{trt.builder_optimization_level}"
 
 
 def _shape(input_name: str, batch: int, sample_shape: Sequence[int]) -> str:

@@ -28,6 +28,7 @@ from app.runtime.plan import (
     PlanError,
     Provider,
     RuntimeOptions,
+    engine_build_key,
     engine_cache_path,
     plan_engines,
     slow_int8_message,
@@ -96,7 +97,8 @@ def gpu_name(device_id: int) -> str:
 
 
 def tensorrt_for(path: str, opts: RuntimeOptions, cache_key: dict[str, str] | None = None) -> Provider:
-    """The TensorRT provider for `path`, its cache directory keyed on this model, ORT, TensorRT and GPU."""
+    """The TensorRT provider for `path`, its cache directory keyed on this model, ORT, TensorRT, the GPU and how
+    the engine is built (profile, precision, workspace, builder level)."""
     read = read_onnx_input(path) if Path(path).is_file() else None
     name, sample = read or DEFAULT_INPUT
     key = cache_key or {
@@ -105,7 +107,10 @@ def tensorrt_for(path: str, opts: RuntimeOptions, cache_key: dict[str, str] | No
         "tensorrt": tensorrt_version(),
         "gpu": gpu_name(opts.device_id),
     }
-    cache = engine_cache_path(opts.tensorrt.cache_dir, key["model_sha256"], key["ort"], key["tensorrt"], key["gpu"])
+    build = engine_build_key(opts)
+    cache = engine_cache_path(
+        opts.tensorrt.cache_dir, key["model_sha256"], key["ort"], key["tensorrt"], key["gpu"], build
+    )
     return tensorrt_provider(opts, cache, name, sample)
 
 
@@ -180,11 +185,45 @@ def _build_lock(choice: EngineChoice) -> Iterator[None]:
         yield
 
 
+# The files ORT's TensorRT EP keeps in its engine cache directory (engines, their profiles, contexts).
+ENGINE_FILES = ("*.engine", "*.profile", "*_ctx.onnx")
+
+
 def build(path: str, opts: RuntimeOptions, choice: EngineChoice) -> Engine:
     if choice.engine == "openvino":
         return OpenVinoEngine(path, opts)
     with _build_lock(choice):
-        return OrtEngine(path, opts, choice)
+        try:
+            return OrtEngine(path, opts, choice)
+        except ModelLoadError as e:
+            # ORT writes an engine in place: a replica killed mid-build leaves a truncated file that every
+            # later start would load and fail on. Set the cached engines aside and build once more.
+            if not _set_aside_cached_engines(choice, e):
+                raise
+            return OrtEngine(path, opts, choice)
+
+
+def _set_aside_cached_engines(choice: EngineChoice, error: Exception) -> bool:
+    """Move the TensorRT engine files of `choice`'s cache into `rejected/` (kept to look at); False if none."""
+    trt = next((p for p in choice.providers if p.name == TENSORRT), None)
+    if trt is None:
+        return False
+    cache = Path(trt.options["trt_engine_cache_path"])
+    found = sorted({f for pattern in ENGINE_FILES for f in cache.glob(pattern)})
+    if not found:
+        return False
+    rejected = cache / "rejected"
+    rejected.mkdir(exist_ok=True)
+    for f in found:
+        f.replace(rejected / f.name)
+    logger.warning(
+        "TensorRT engine cache %s: loading failed (%s); %d cached file(s) set aside in %s, building afresh",
+        cache,
+        error,
+        len(found),
+        rejected,
+    )
+    return True
 
 
 def check_int8_placement(variant: str, opts: RuntimeOptions, engine: Engine) -> None:
