@@ -1,6 +1,7 @@
 """One GPU node, four ways to run EfficientNet-Lite0: start-up cost, speed per batch, and where each node ran.
 
     python -m benchmarks.gpu_check                  # every target, batch 1,8,32,64
+    python -m benchmarks.gpu_check --targets cuda-fp32,cuda-qdq-int8   # some of them
     python -m benchmarks.gpu_check --cpu-dry-run    # the same flow on the CPU EP (no GPU needed)
 
 Targets (docs/engines.md): trt-int8 (TensorRT EP, the TensorRT INT8 artifact *-int8-trt.onnx), trt-fp16
@@ -10,9 +11,10 @@ Per target, one thread, each start in a fresh process: a cold start (empty engin
 cached start (a restarted replica loads the engine), session creation and first call timed; per batch size
 p50/p90/p99 of one call (host<->device copies included), img/s = batch / p50; the nodes per execution provider.
 
-Writes benchmarks/results/<date>-<host>-gpu.json and .md (a dry run: -gpu-dryrun.*). Exit status: 0 every target
-ran, 1 some failed (their errors are in the report: a model file missing, ...), 2 nothing could be measured (the
-GPU providers are unusable here).
+A target whose execution provider cannot load here (a GPU node with ONNX Runtime's CUDA libraries but no
+TensorRT) is skipped with its reason, and the others run. Writes benchmarks/results/<date>-<host>-gpu.json and
+.md (a dry run: -gpu-dryrun.*). Exit status: 0 every target ran or was skipped, 1 some failed (their errors are
+in the report: a model file missing, ...), 2 nothing could be measured (no target's provider loads here).
 """
 
 from __future__ import annotations
@@ -164,6 +166,12 @@ def _table(rows: list[dict[str, Any]], digits: int) -> str:
     return markdown_table(list(rows[0]) if rows else [], [list(r.values()) for r in rows], digits)
 
 
+def _not_run(r: dict[str, Any], width: int | None = None) -> str:
+    """A target that did not run: skipped here (its provider cannot load) or failed."""
+    text = f"skipped: {r['skipped']}" if "skipped" in r else f"failed: {r['error']}"
+    return text if width is None else text[:width]
+
+
 def batch_table(result: dict[str, Any]) -> str:
     """One row per target and batch size (a failed target: one row per batch saying so)."""
     measured = {name: {b["batch"]: b for b in r.get("batches", [])} for name, r in result["targets"].items()}
@@ -181,7 +189,7 @@ def batch_table(result: dict[str, Any]) -> str:
                     "ms/img": b.get("ms_per_image"),
                     "img/s": b.get("images_per_s"),
                     f"vs {REFERENCE}": vs,
-                    "intended EP": r["intended_provider"] if b else f"failed: {r['error'][:80]}",
+                    "intended EP": r["intended_provider"] if b else _not_run(r, 80),
                 }
             )
     return _table(rows, digits=2)
@@ -205,7 +213,7 @@ def start_table(result: dict[str, Any]) -> str:
                 "cached 1st call ms": cached.get("first_call_ms"),
                 "engine cache after cold": cache and f"{cache['files']} files, {cache['bytes'] / 2**20:.1f} MiB",
                 "nodes per EP": r.get("nodes_per_provider"),
-                "nodes not on intended EP": f"failed: {r['error']}" if "error" in r else off_cell or "-",
+                "nodes not on intended EP": _not_run(r) if "error" in r or "skipped" in r else off_cell or "-",
             }
         )
     return _table(rows, digits=3)
@@ -224,20 +232,26 @@ def to_markdown(result: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- running it
 
 
-def refusal(check: Check) -> str | None:
-    """Why nothing can be measured (exit 2), or None. A missing model file fails its target only."""
+def skip_reason(target: Target, check: Check) -> str | None:
+    """Why `target` cannot run on this machine (its provider's libraries do not load), or None: a machine with
+    ONNX Runtime's CUDA libraries but no TensorRT still runs the CUDA targets. A dry run skips nothing."""
     from app.runtime.ort_engine import missing_libraries, usable_providers
 
-    needed = {t.intended for t in check.targets}
-    needed |= {CUDA} if TENSORRT in needed else set()  # TensorRT's targets fall back to CUDA
-    unusable = {p: missing_libraries(p) for p in (TENSORRT, CUDA) if p in needed and p not in usable_providers()}
-    if unusable and not check.dry_run:
-        why = "; ".join(f"{p} cannot load {', '.join(libs) or '(not built in)'}" for p, libs in unusable.items())
-        return (
-            f"the GPU execution providers are not usable here: {why}. Install the CUDA 13, cuDNN 9 and TensorRT 10 "
-            "libraries (k8s/Dockerfile installs them), or pass --cpu-dry-run to run the flow on the CPU EP"
-        )
-    return None
+    if check.dry_run or target.intended in usable_providers():
+        return None
+    needed = (TENSORRT, CUDA) if target.intended == TENSORRT else (target.intended,)  # TensorRT needs CUDA's too
+    libs = [lib for p in needed for lib in missing_libraries(p)]
+    return f"{target.intended} cannot load {', '.join(libs) or '(not built in)'}"
+
+
+def refusal(skipped: dict[str, str]) -> str:
+    """Why nothing could be measured (exit 2): every target skipped."""
+    why = "; ".join(f"{name}: {reason}" for name, reason in skipped.items())
+    return (
+        f"no target can run here ({why}). Install the CUDA 13 and cuDNN 9 libraries for the CUDA targets, and "
+        "TensorRT 10 for the TensorRT ones (k8s/Dockerfile installs them), or pass --cpu-dry-run to run the flow "
+        "on the CPU EP"
+    )
 
 
 def run(check: Check) -> int:
@@ -245,14 +259,21 @@ def run(check: Check) -> int:
     from app.runtime.ort_engine import missing_libraries, ort_version, tensorrt_version, usable_providers
     from app.runtime.select import gpu_name
 
-    if (why := refusal(check)) is not None:
-        print(f"error: {why}", file=sys.stderr)
+    skipped = {t.name: why for t in check.targets if (why := skip_reason(t, check)) is not None}
+    if len(skipped) == len(check.targets):
+        print(f"error: {refusal(skipped)}", file=sys.stderr)
         return 2
     env, max_batch, results = print_environment(), max(MAX_BATCH, *check.batches), {}
     with tempfile.TemporaryDirectory(prefix="gpu-check-cache-") as cache_root:
         for t in check.targets:
+            path = str(Path(check.models[t.model]).absolute())
+            if t.name in skipped:
+                print(f"{t.name}: skipped: {skipped[t.name]}", file=sys.stderr, flush=True)
+                results[t.name] = {"target": t.name, "about": t.about, "model": path, "intended_provider": t.intended}
+                results[t.name]["skipped"] = skipped[t.name]
+                continue
             opts = t.options(Path(cache_root) / t.name, max_batch)
-            r = results[t.name] = run_target(t, str(Path(check.models[t.model]).absolute()), opts, check)
+            r = results[t.name] = run_target(t, path, opts, check)
             if "error" in r:
                 print(f"  failed: {r['error']}", file=sys.stderr, flush=True)
     runtime: dict[str, Any] = {"onnxruntime": ort_version(), "tensorrt": tensorrt_version(), "gpu": gpu_name(0)}
@@ -274,7 +295,19 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m benchmarks.gpu_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--cpu-dry-run", action="store_true", help="every target on the CPU EP: the flow, not a GPU")
-    return run(Check(dry_run=p.parse_args(argv).cpu_dry_run))
+    names = [t.name for t in TARGETS]
+    p.add_argument(
+        "--targets",
+        type=lambda s: [n.strip() for n in s.split(",") if n.strip()],
+        default=names,
+        help=f"comma-separated, of {', '.join(names)} (default: all); a target whose provider cannot load here "
+        "is skipped with its reason, the others run",
+    )
+    a = p.parse_args(argv)
+    unknown = sorted(set(a.targets) - set(names))
+    if unknown or not a.targets:
+        p.error(f"--targets: unknown {unknown}; choose from {names}")
+    return run(Check(targets=[t for t in TARGETS if t.name in a.targets], dry_run=a.cpu_dry_run))
 
 
 if __name__ == "__main__":

@@ -209,3 +209,36 @@ def test_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         gpu_check.main(["--batches", "1"])  # the batches and targets are fixed: docs/engines.md
     assert e.value.code == 2
+
+
+def test_a_target_whose_provider_cannot_load_is_skipped_and_the_others_run(
+    model_files: ModelFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU node with ONNX Runtime's CUDA libraries but no TensorRT: the TensorRT targets are skipped with their
+    reason, the CUDA ones run (here on the CPU EP: the dry run's flow, with TensorRT's absence stood in for)."""
+
+    def no_tensorrt(target: gpu_check.Target, check: gpu_check.Check) -> str | None:
+        return "TensorrtExecutionProvider cannot load libnvinfer.so.10" if target.intended == TENSORRT else None
+
+    monkeypatch.setattr(gpu_check, "skip_reason", no_tensorrt)
+    assert run(_check(model_files, tmp_path, batches=(1,))) == 0  # skipped is not failed
+    [path] = tmp_path.glob("*.json")
+    result = json.loads(path.read_text())
+    targets = result["targets"]
+    assert {n for n, r in targets.items() if "skipped" in r} == {"trt-int8", "trt-fp16"}
+    assert all("libnvinfer" in targets[n]["skipped"] for n in ("trt-int8", "trt-fp16"))
+    assert all("error" not in r and "batches" in r for n, r in targets.items() if n.startswith("cuda-"))
+    rows = _table_rows(batch_table(result))
+    assert {r[0] for r in rows if r[7].startswith("skipped: ")} == {"trt-int8", "trt-fp16"}
+
+
+def test_the_targets_are_chosen_on_the_command_line(
+    model_files: ModelFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chosen: list[list[str]] = []
+    monkeypatch.setattr(gpu_check, "run", lambda check: chosen.append([t.name for t in check.targets]) or 0)
+    assert gpu_check.main(["--cpu-dry-run", "--targets", "cuda-fp32, trt-int8"]) == 0
+    assert chosen == [["trt-int8", "cuda-fp32"]]  # in the table's order
+    with pytest.raises(SystemExit) as e:
+        gpu_check.main(["--targets", "cuda-fp32,torch-fp64"])
+    assert e.value.code == 2
