@@ -105,13 +105,15 @@ def test_quantize_gate_passes_a_reachable_min_agreement(gated):
 def test_quantize_tensorrt_writes_its_file_and_its_report_judged_as_tensorrt_computes(model_files, tmp_path):
     import onnx
 
+    from app.models.qdq_placement import placement_problems
     from app.models.quantize import tensorrt_problems
 
     out = tmp_path / "trt.onnx"
     args = ("--model", model_files.fp32, "--config", LOCAL, "--output", out, "--target", "tensorrt")
     result = run_cli("quantize", *args, "--num-images", "16", "--min-agreement", "1.01")
     assert result.returncode == 1, result.stderr
-    assert tensorrt_problems(onnx.load(str(out))) == []
+    written = onnx.load(str(out))
+    assert tensorrt_problems(written) == [] and placement_problems(written) == []
     assert f"wrote {out}" in result.stdout and "with minmax for tensorrt" in result.stdout
     report = json.loads(report_paths(out)[0].read_text())
     assert report["calibration"]["target"] == report["target"] == "tensorrt" and "latency" not in report

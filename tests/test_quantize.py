@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from app.imaging.preprocess import preprocess
 from app.models import ModelFiles
 from app.models import report as report_module
 from app.models.graph import read_graph
+from app.models.qdq_placement import placement_problems
 from app.models.quantize import QuantizeOptions, builtin_model, quantize, tensorrt_problems
 from app.models.report import (
     BATCH_SIZES,
@@ -41,10 +43,12 @@ def int8_graph(model_files) -> onnx.ModelProto:
 
 @pytest.fixture(scope="module")
 def trt_model(model_files: ModelFiles) -> Path:
-    """The TensorRT INT8 next to the default models, built once like them (`make models` builds it too)."""
-    if not model_files.int8_trt.is_file():
-        quantize(model_files.fp32, model_files.int8_trt, augmented_samples(64, 0), QuantizeOptions(target="tensorrt"))
-    return model_files.int8_trt
+    """The TensorRT INT8 next to the default models, built once like them (`make models` builds it too), and again
+    when the one there predates the residual Adds' Q/DQ placement (app.models.qdq_placement)."""
+    path = model_files.int8_trt
+    if not path.is_file() or placement_problems(onnx.load(str(path))):
+        quantize(model_files.fp32, path, augmented_samples(64, 0), QuantizeOptions(target="tensorrt"))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +146,7 @@ def test_quantize_rejects_an_unknown_calibration_method(model_files, tmp_path):
 
 def test_tensorrt_artifact_passes_the_tensorrt_rules(trt_graph):
     onnx.checker.check_model(trt_graph)
-    assert tensorrt_problems(trt_graph) == []
+    assert tensorrt_problems(trt_graph) == [] and placement_problems(trt_graph) == []
     g = trt_graph.graph
     assert next(o.version for o in trt_graph.opset_import if o.domain in ("", "ai.onnx")) >= 13
     inits = {i.name: numpy_helper.to_array(i) for i in g.initializer}
@@ -170,6 +174,42 @@ def test_tensorrt_artifact_passes_the_tensorrt_rules(trt_graph):
     dq_outputs = {n.output[0] for n in qdq if n.op_type == "DequantizeLinear"}
     normalisation = [n for n in g.node if n.op_type in ("Cast", "Sub", "Mul")]
     assert len(normalisation) == 3 and not any(i in dq_outputs for n in normalisation for i in n.input)
+
+
+def test_tensorrt_residual_adds_quantize_only_the_skip_input(model_files, trt_graph):
+    """NVIDIA's Q/DQ placement for residual connections: at each residual Add only the skip input carries a Q/DQ
+    pair and the block's project Conv feeds the Add in float, so that TensorRT fuses the Add into that Conv (with
+    a pair on both inputs it cannot; docs/engines.md). Read from the graphs alone, not from app.models.qdq_placement.
+    """
+    fp32 = onnx.load(str(model_files.fp32)).graph
+    fp32_producer = {o: n for n in fp32.node for o in n.output}
+    fp32_readers = Counter(i for n in fp32.node for i in n.input)
+    weights = {i.name for i in fp32.initializer}
+    # EfficientNet-Lite0's residual Adds: 16 MBConv blocks, 9 of them keep shape and add their input back
+    fp32_adds = [n for n in fp32.node if n.op_type == "Add" and not weights & set(n.input)]
+    assert len(fp32_adds) == 9
+    g = trt_graph.graph
+    producer = {o: n for n in g.node for o in n.output}
+    adds = {n.name: n for n in g.node if n.op_type == "Add"}
+    assert len(adds) == len(fp32_adds)
+    for fp32_add in fp32_adds:
+        # the Conv branch is read by the Add alone; the skip, the block's input, by the block's first Conv too
+        (branch,) = [i for i in fp32_add.input if fp32_readers[i] == 1]
+        (skip,) = [i for i in fp32_add.input if fp32_readers[i] > 1]
+        assert fp32_producer[branch].op_type == "Conv", fp32_add.name
+        add = adds[fp32_add.name]
+        assert sorted(producer[i].op_type for i in add.input) == ["Conv", "DequantizeLinear"], add.name
+        assert branch in add.input and producer[branch].op_type == "Conv", add.name  # no Q/DQ in between
+        (dq,) = [producer[i] for i in add.input if producer[i].op_type == "DequantizeLinear"]
+        q = producer[dq.input[0]]
+        assert q.op_type == "QuantizeLinear" and q.input[0] == skip, add.name
+        # its output stays INT8 for what reads it next (the next block's Conv, the next residual Add)
+        readers = [n for n in g.node if add.output[0] in n.input]
+        assert readers and all(n.op_type == "QuantizeLinear" for n in readers), add.name
+    # and the Conv outputs that feed an Add are quantized nowhere
+    conv_outputs = {b for a in adds.values() for b in a.input if producer[b].op_type == "Conv"}
+    assert len(conv_outputs) == 9
+    assert not any(n.op_type == "QuantizeLinear" and n.input[0] in conv_outputs for n in g.node)
 
 
 def test_cpu_artifact_fails_the_tensorrt_rules(int8_graph):
@@ -331,14 +371,15 @@ def test_build_report_of_the_tensorrt_artifact(model_files, trt_model, monkeypat
     )
     assert "latency" not in r and "calibration_quality" not in r
     m = r["models"]["int8"]
-    assert m["quantize_linear"] == 68 and m["dequantize_linear"] == 118 and m["nodes"] == 284
+    # 9 residual Adds, each without the Q/DQ pair on its Conv branch: 68 / 118 / 284 with it
+    assert m["quantize_linear"] == 59 and m["dequantize_linear"] == 109 and m["nodes"] == 266
     assert "Conv" not in m["fp32_op_types"] and m["bytes"] < r["models"]["fp32"]["bytes"] / 3
     assert r["quality"]["images"] == 5 and r["quality"]["top1_agree_count"] >= 4
     assert [p["image"] for p in r["per_image"]] == list(EVAL_PHOTOS)
     assert all(0 < p["int8_top1_prob"] <= 1 and 0 < p["fp32_top1_prob"] <= 1 for p in r["per_image"])
     md = to_markdown(r)
     assert "against its INT8 build efficientnet_lite0-int8-trt.onnx (target tensorrt)" in md
-    assert "| QuantizeLinear / DequantizeLinear | - | 68 / 118 |" in md
+    assert "| QuantizeLinear / DequantizeLinear | - | 59 / 109 |" in md
     assert "belongs to TensorRT on a GPU" in md and "ORT's fused S8S8 CPU kernels" in md
     assert json.loads(json.dumps(r)) == r
 

@@ -6,7 +6,10 @@ cpu       QUInt8 activations (asymmetric): ONNX Runtime's CPU kernels; Clip/Relu
 tensorrt  QInt8 activations, symmetric (zero point 0), as TensorRT's explicit quantization requires: FP32
           biases (TensorRT quantizes them itself; an int32 bias DequantizeLinear is not accepted), one Q/DQ
           pair per consumer (TensorRT cannot share a pair between nodes), Q/DQ only in front of the layers
-          TensorRT runs in INT8 (onnx-tensorrt operator docs; NVIDIA's Q/DQ placement recommendations).
+          TensorRT runs in INT8 (onnx-tensorrt operator docs; NVIDIA's Q/DQ placement recommendations), and
+          at each residual Add only on the skip input, the Conv branch left in float so that TensorRT fuses
+          the Add into that Conv (TensorRT developer guide, "Q/DQ Layer-Placement Recommendations": quantize
+          the residual input; app.models.qdq_placement).
 
 Offline tooling: like the report, it uses onnxruntime.quantization directly;
 serving code reaches ONNX Runtime only through app.runtime.
@@ -26,12 +29,13 @@ from onnx import numpy_helper
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from app.models.declaration import ModelDeclaration
-from app.models.graph import read_graph
-from app.models.model_io import Preparation
 from app.models import BUILTIN_MODEL, TARGETS, Target
 from app.models.build import atomic_write
 from app.models.calibration import ImageCalibrationReader
+from app.models.declaration import ModelDeclaration
+from app.models.graph import read_graph
+from app.models.model_io import Preparation
+from app.models.qdq_placement import float_conv_branches, placement_problems
 from app.models.u8s8 import PairFit, limit_pairs
 
 METHODS = {
@@ -57,8 +61,10 @@ PROFILES: dict[Target, TargetProfile] = {
     "cpu": TargetProfile(QuantType.QUInt8, None, {"ActivationSymmetric": False, "WeightSymmetric": True}),
     "tensorrt": TargetProfile(
         QuantType.QInt8,
-        # Conv/Gemm/MatMul run in INT8; Add lets TensorRT fuse each residual into its project Conv. The input
-        # normalisation (Cast/Sub/Mul of the uint8 image) stays FP32, quantized once in front of the stem Conv.
+        # Conv/Gemm/MatMul run in INT8. Add is quantized here only for its skip input and its output: the pair
+        # ONNX Runtime also puts on the Conv branch is taken off afterwards (float_conv_branches), since with it
+        # TensorRT cannot fuse the Add into that Conv. The input normalisation (Cast/Sub/Mul of the uint8 image)
+        # stays FP32, quantized once in front of the stem Conv.
         ("Conv", "Gemm", "MatMul", "Add"),
         {
             "ActivationSymmetric": True,
@@ -177,10 +183,14 @@ def quantize(
             nodes_to_exclude=list(opts.exclude_nodes) or None,
             extra_options=extra,
         )
-        if opts.target == "tensorrt" and (problems := tensorrt_problems(onnx.load(str(out)))):
-            # onnxruntime.quantization's options, not this module, decide the graph: check what they produced.
-            raise RuntimeError(f"the TensorRT INT8 would not build: {'; '.join(problems[:5])}")
         data, fit = out.read_bytes(), None
+        if opts.target == "tensorrt":
+            qdq = onnx.load_from_string(data)
+            float_conv_branches(qdq)
+            # onnxruntime.quantization's options and the pass above decide the graph: check what they produced.
+            if problems := tensorrt_problems(qdq) + placement_problems(qdq):
+                raise RuntimeError(f"the TensorRT INT8 would not build as intended: {'; '.join(problems[:5])}")
+            data = qdq.SerializeToString()
         if opts.target == "cpu" and opts.pair_limit:
             model = onnx.load_from_string(data)
             fit = limit_pairs(model)
