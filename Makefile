@@ -3,6 +3,7 @@ PY := .venv/bin/python
 STAMP := .venv/.installed
 TRITON_STAMP := .venv-triton/.installed
 PERF_ANALYZER := .perf_analyzer/bin/perf_analyzer
+KSERVE := .venv-kserve/.installed
 MODELS := models/efficientnet_lite0-fp32.onnx models/efficientnet_lite0-int8.onnx models/efficientnet_lite0-int8-trt.onnx
 
 .PHONY: install models serve status test lint bench overload fairness hostile autoscale soak k8s clean perf-analyzer
@@ -40,7 +41,11 @@ status: $(STAMP)    ## serve status of the running app (Ray 2.60 clusters use to
 $(PERF_ANALYZER): | $(STAMP)
 	$(PY) -m benchmarks.perf_analyzer --setup
 
-test: $(STAMP) $(PERF_ANALYZER)      ## the whole suite, slow and multi-node tests included, as CI runs it
+# KServe's Python SDK in a venv of its own, for tests/test_kserve_client.py (tests/kserve_client.py says why).
+$(KSERVE): | $(STAMP)
+	$(PY) -m tests.kserve_client --setup
+
+test: $(STAMP) $(PERF_ANALYZER) $(KSERVE)      ## the whole suite, slow and multi-node tests included, as CI runs it
 	$(PY) -m pytest -q
 	@# Each module with its own Ray cluster in a process of its own, as Ray runs its fault tests (--forked): a
 	@# driver that outlived a killed GCS, and threads left by one module, are not inherited by the next (CI once
@@ -89,4 +94,4 @@ k8s: $(STAMP)       ## re-render k8s/rayservice.yaml from configs/prod.yaml
 	$(PY) -m app.ops.k8s render
 
 clean:
-	rm -rf models .pytest_cache .mypy_cache .ruff_cache .venv-triton .perf_analyzer
+	rm -rf models .pytest_cache .mypy_cache .ruff_cache .venv-triton .perf_analyzer .venv-kserve

@@ -43,11 +43,12 @@ class Replies:
         self.metrics.error(endpoint, err.code, err.status, variant or err.variant or "none")
         return error_response(err)
 
-    def v2_error(self, err: ServiceError) -> Response:
-        """The Open Inference Protocol's flat {"error": "..."}."""
+    def v2_error(self, err: ServiceError, fields: dict[str, Any] | None = None) -> Response:
+        """The Open Inference Protocol's flat {"error": "..."}, after any `fields` of the reply the operation
+        answers even when it fails (a health reply's `ready`)."""
         status, body = v2.v2_error(err)
         self.metrics.error("/v2", err.code, status, err.variant or "none")
-        return json_response(body, status, err.headers())
+        return json_response({**(fields or {}), **body}, status, err.headers())
 
     def success(self, endpoint: str, variant: str, timings: dict[str, float]) -> dict[str, str]:
         """Count a 200; the headers every successful reply carries."""

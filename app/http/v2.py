@@ -72,7 +72,7 @@ class V2:
         return json_response(v2.server_metadata(__version__))
 
     async def server_live(self, request: Request, params: Params) -> Response:
-        return Response(status_code=200)
+        return json_response(v2.server_live())
 
     async def server_ready(self, request: Request, params: Params) -> Response:
         return await self._ready(None, None)
@@ -81,10 +81,13 @@ class V2:
         return await self._ready(params["model"], params.get("version") or None)
 
     async def _ready(self, model: str | None, version: str | None) -> Response:
+        """200 with the protocol's readiness body; 503 `not_ready` with `"ready": false` beside the error (an
+        unknown model is 404, raised by the pin)."""
         down = await self.ops.ready(model, version)
         if down:
-            raise ServiceError("not_ready", f"variants not ready: {down}")
-        return Response(status_code=200)
+            err = ServiceError("not_ready", f"variants not ready: {down}")
+            return self.replies.v2_error(err, v2.readiness(False, model))
+        return json_response(v2.readiness(True, model))
 
     async def model_metadata(self, request: Request, params: Params) -> Response:
         return json_response(await self.ops.metadata(params["model"], params.get("version") or None))

@@ -10,7 +10,8 @@ This module is the package's face: `from app.protocol import v2`, then `v2.parse
 concept a module:
 
     names.py          the constants, the V2 model names and their resolution, the paths (`match_v2_path`)
-    metadata.py       server and model metadata, the `image` input's size, the protocol's error object
+    metadata.py       the health replies, server and model metadata, the `image` input's size, the protocol's
+                      error object
     request.py        the parsed request (`InferRequest`, `RequestedOutput`)
     parsing.py        a request's JSON and binary tensor data -> `InferRequest`, every check and limit
     encoding.py       the requested outputs (top-k strings included) and the response, JSON or binary
@@ -78,7 +79,15 @@ from app.protocol.v2.encoding import (
     top_k_strings,
     top_strings,
 )
-from app.protocol.v2.metadata import image_hw, image_shape, model_metadata, server_metadata, v2_error
+from app.protocol.v2.metadata import (
+    image_hw,
+    image_shape,
+    model_metadata,
+    readiness,
+    server_live,
+    server_metadata,
+    v2_error,
+)
 from app.protocol.v2.names import (
     BINARY_CONTENT_TYPE,
     DEFAULT_VERSION,
@@ -133,7 +142,9 @@ __all__ = [
     "parse_header_length",
     "parse_infer_doc",
     "parse_infer_request",
+    "readiness",
     "resolve_model",
+    "server_live",
     "server_metadata",
     "top_k_strings",
     "top_strings",

@@ -1,5 +1,5 @@
-"""What the protocol says about the server and its models: the server and model metadata, the `image` input's
-size read from a Classifier's spec, and the protocol's error object."""
+"""What the protocol says about the server and its models: the health replies, the server and model metadata, the
+`image` input's size read from a Classifier's spec, and the protocol's error object."""
 
 from __future__ import annotations
 
@@ -18,6 +18,21 @@ from app.protocol.v2.names import (
     SERVER_NAME,
     TOP_K,
 )
+
+# --------------------------------------------------------------------------- health
+
+
+def server_live() -> dict[str, bool]:
+    """GET /v2/health/live: the protocol's `{"live": true}`. Triton answers an empty body, which tritonclient
+    accepts as it reads only the status; KServe's clients read the body."""
+    return {"live": True}
+
+
+def readiness(ready: bool, model: str | None = None) -> dict[str, Any]:
+    """GET /v2/health/ready: `{"ready": bool}`; GET /v2/models/{name}/ready: `{"name": name, "ready": bool}`.
+    200 when ready, else 503 (the status is what Triton's clients read, the body what KServe's read)."""
+    return {"ready": ready} if model is None else {"name": model, "ready": ready}
+
 
 # --------------------------------------------------------------------------- metadata
 
