@@ -6,7 +6,7 @@ PERF_ANALYZER := .perf_analyzer/bin/perf_analyzer
 KSERVE := .venv-kserve/.installed
 MODELS := models/efficientnet_lite0-fp32.onnx models/efficientnet_lite0-int8.onnx models/efficientnet_lite0-int8-trt.onnx
 
-.PHONY: install models serve status test lint bench overload fairness hostile autoscale soak k8s clean perf-analyzer
+.PHONY: install models serve status test lint bench overload fairness hostile autoscale soak k8s clean perf-analyzer system-deps
 
 $(STAMP): pyproject.toml
 	python3 -m venv .venv
@@ -45,7 +45,12 @@ $(PERF_ANALYZER): | $(STAMP)
 $(KSERVE): | $(STAMP)
 	$(PY) -m tests.kserve_client --setup
 
-test: $(STAMP) $(PERF_ANALYZER) $(KSERVE)      ## the whole suite, slow and multi-node tests included, as CI runs it
+# The Debian packages the tests run (wrk, prometheus, redis-server, chromium, libb64-0d), installed when missing:
+# with apt-get as root or with passwordless sudo, else one line naming them and the command, and make stops.
+system-deps:
+	@bash .ci/system-deps
+
+test: system-deps $(STAMP) $(PERF_ANALYZER) $(KSERVE)      ## the whole suite, slow and multi-node tests included, as CI runs it
 	$(PY) -m pytest -q
 	@# Each module with its own Ray cluster in a process of its own, as Ray runs its fault tests (--forked): a
 	@# driver that outlived a killed GCS, and threads left by one module, are not inherited by the next (CI once
