@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from app.runtime.binding import BoundRunner, io_binding_wanted, pinned_host_array, plain_host_array
 from app.runtime.plan import CPU, CUDA, DISABLE_CPU_FALLBACK, TENSORRT, EngineChoice, RuntimeOptions
 from app.runtime.spec import ModelLoadError, ModelSpec, spec_from_io
 
@@ -112,6 +113,25 @@ class OrtEngine:
             [(i.name, tuple(i.shape), i.type) for i in inp], [o.name for o in self.session.get_outputs()]
         )
         self._dtype = _ORT_TYPES.get(self.spec.input_dtype, np.float32)
+        self.bound = self._bound_runner()
+
+    def _bound_runner(self) -> BoundRunner | None:
+        """IO binding (binding.py) where `opts.io_binding` asks for it: by default on a GPU engine only."""
+        assert self.session is not None
+        on_gpu = bool(self.providers) and self.providers[0] in (TENSORRT, CUDA)
+        if not io_binding_wanted(self.opts.io_binding, on_gpu):
+            return None
+        return BoundRunner(
+            self.session,
+            self.spec.input_name,
+            self.spec.sample_shape(),
+            np.dtype(self._dtype),
+            capacity=self.opts.tensorrt.max_batch_size,
+            slots=self.opts.streams,
+            output_device="cuda" if on_gpu else "cpu",
+            device_id=self.opts.device_id,
+            host_alloc=pinned_host_array if on_gpu else plain_host_array,
+        )
 
     def _load_error(self, e: Exception, requested: list[tuple[str, dict[str, str]]]) -> str:
         """The load failure; when CPU fallback was disabled, the nodes that would have needed the host."""
@@ -150,6 +170,8 @@ class OrtEngine:
     def run(self, batch: np.ndarray, outputs: list[str] | None = None) -> list[np.ndarray]:
         if self.session is None:
             raise ModelLoadError(f"session for {self.path} is closed")
+        if self.bound is not None:
+            return self.bound.run(batch, outputs or list(self.spec.output_names))
         return self.session.run(outputs, {self.spec.input_name: batch})
 
     def logits(self, batch: np.ndarray) -> np.ndarray:
@@ -172,3 +194,4 @@ class OrtEngine:
 
     def close(self) -> None:
         self.session = None
+        self.bound = None

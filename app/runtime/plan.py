@@ -70,6 +70,9 @@ class RuntimeOptions:
     device_id: int = 0
     gpu_mem_limit_bytes: int | None = None
     profile_prefix: str | None = None
+    # ONNX Runtime IO binding with a host buffer per batch slot (app/runtime/binding.py): None binds on a GPU
+    # engine only (on the CPU EP it measured no faster: docs/engines.md "IO binding"); True/False insist.
+    io_binding: bool | None = None
     tensorrt: TensorRTOptions = field(default_factory=TensorRTOptions)
 
 
