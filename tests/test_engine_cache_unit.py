@@ -94,3 +94,40 @@ def test_a_failure_with_nothing_cached_is_the_failure(
     with pytest.raises(ModelLoadError, match="out of device memory"):
         select.build(str(model_files.fp32), RuntimeOptions(), _choice(tmp_path / "empty"))
     assert calls == [1]  # not retried: there was nothing to blame
+
+
+def test_a_cache_on_a_file_system_without_locks_builds_unlocked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_files: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An NFS mount with `nolock` (or a FUSE file system) answers flock() with ENOLCK: such a mount cannot be made
+    here, so flock's answer is stood in for; the build goes on, and says it had no lock."""
+    import errno
+
+    def no_locks(fd: Any, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(select.fcntl, "flock", no_locks)
+    cpu = EngineChoice("cpu", (Provider(CPU),), {})
+
+    class CpuStandIn(select.OrtEngine):  # type: ignore[misc]
+        def __init__(self, path: str, opts: RuntimeOptions, choice: EngineChoice) -> None:
+            super().__init__(path, opts, cpu)
+
+    monkeypatch.setattr(select, "OrtEngine", CpuStandIn)
+    with caplog.at_level("WARNING", logger="ray.serve"):
+        engine = select.build(str(model_files.fp32), RuntimeOptions(), _choice(tmp_path / "nolock"))
+    assert engine.spec.input_name
+    assert "cannot be locked" in caplog.text and "building without the lock" in caplog.text
+
+
+def test_other_lock_errors_still_fail_the_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_files: Any
+) -> None:
+    import errno
+
+    def interrupted(fd: Any, op: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(select.fcntl, "flock", interrupted)
+    with pytest.raises(OSError, match="Input/output error"):
+        select.build(str(model_files.fp32), RuntimeOptions(), _choice(tmp_path / "eio"))

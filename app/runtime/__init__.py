@@ -2,8 +2,10 @@
 
 plan.py             which engine and providers a replica would use (pure; `python -m app.runtime plan`)
 ort_engine.py       ONNX Runtime: TensorRT, CUDA and CPU execution providers, node placement
+binding.py          ONNX Runtime IO binding: a pinned host input buffer per batch slot (GPU engines)
 openvino_engine.py  OpenVINO's CPU runtime
 select.py           plan -> built engine(s) -> checked -> the fastest kept
+prebuild.py         TensorRT engines built ahead of a rollout (`python -m app.runtime build-engines`)
 measure.py          throughput at warm-up and the speed gate
 spec.py, outputs.py the model's I/O contract; softmax and top-k
 """

@@ -1,4 +1,5 @@
 """python -m app.runtime plan CONFIG [--available EP,EP,...] [--gpu]
+python -m app.runtime build-engines CONFIG [--dry-run]
 
 What each Classifier replica of a Serve config would run on a node that offers those execution
 providers: engine, model file, providers in priority order with their options. No model is loaded
@@ -9,6 +10,11 @@ and no Ray is started, so a GPU cluster's config can be checked on a laptop:
 
 Exit status 1, with the reason, when a variant cannot run as configured there (an INT8 variant that
 would land on the CUDA EP without TensorRT, require_gpu on a node without a usable GPU provider).
+
+`build-engines` builds (or loads, when cached) the TensorRT engines of every GPU variant, and of each speed
+gate's baseline, into the engine cache exactly as the replicas would (app/runtime/prebuild.py), so a Job or
+an init container fills a shared cache ahead of a rollout. Without TensorRT it exits 1 with one line;
+`--dry-run` prints the cache directories it would fill and builds nothing.
 """
 
 from __future__ import annotations
@@ -21,17 +27,13 @@ from typing import Any
 
 import yaml
 
-from app.config import AppArgs, ClassifierConfig, classifier_deployment_name, validate_serve_config
-from app.runtime import threads_for
+from app.config import AppArgs, validate_serve_config
 from app.runtime.openvino_engine import openvino_available
 from app.runtime.ort_engine import ort_version, tensorrt_version, usable_providers
 from app.runtime.plan import OPENVINO, TENSORRT, PlanError, plan_engines
+from app.runtime.prebuild import BuildRefused, check_tensorrt_here, engine_builds, replica_threads_streams, run_build
 from app.runtime.select import model_sha256, tensorrt_for
-
-
-def _deployment(cfg: dict[str, Any], name: str) -> dict[str, Any]:
-    app = cfg["applications"][0]
-    return next((d for d in app.get("deployments", []) if d.get("name") == name), {})
+from app.runtime.spec import ModelLoadError
 
 
 def plan_config(cfg: dict[str, Any], available: list[str], openvino: bool, gpu: bool) -> dict[str, Any]:
@@ -39,11 +41,7 @@ def plan_config(cfg: dict[str, Any], available: list[str], openvino: bool, gpu: 
     args: AppArgs = validate_serve_config(cfg)
     out: dict[str, Any] = {}
     for variant, v in args.variants.items():
-        d = _deployment(cfg, classifier_deployment_name(variant))
-        num_cpus = float((d.get("ray_actor_options") or {}).get("num_cpus", 1.0))
-        batching = ClassifierConfig.model_validate(d.get("user_config") or {})
-        threads = args.intra_op_threads or threads_for(num_cpus)
-        opts = args.runtime_options(variant, gpu, threads, batching.max_concurrent_batches)
+        opts = args.runtime_options(variant, gpu, *replica_threads_streams(cfg, args, variant))
         path = str(args.resolved_path(v.model_path))
         trt = None
         if opts.prefer_gpu and TENSORRT in available:
@@ -77,9 +75,14 @@ def main(argv: list[str] | None = None) -> int:
         "default: what really loads on this machine",
     )
     s.add_argument("--gpu", action="store_true", help="plan for a replica that was granted a GPU")
+    b = sub.add_parser("build-engines", help="build each GPU variant's TensorRT engines into the engine cache")
+    b.add_argument("config", help="the Serve config the replicas run (configs/prod.yaml)")
+    b.add_argument("--dry-run", action="store_true", help="print the cache directories it would fill; build nothing")
     ns = p.parse_args(argv)
     with open(ns.config) as f:
         cfg = yaml.safe_load(f)
+    if ns.command == "build-engines":
+        return build_engines(ns.config, cfg, ns.dry_run)
     if ns.available is None:
         available, openvino = usable_providers(), openvino_available()
     else:
@@ -91,6 +94,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{ns.config}: {e}", file=sys.stderr)
         return 1
     print(json.dumps(result, indent=2))
+    return 0
+
+
+def build_engines(name: str, cfg: dict[str, Any], dry_run: bool) -> int:
+    try:
+        usable = [] if dry_run else check_tensorrt_here()
+        builds = engine_builds(cfg)
+        if dry_run:
+            print(json.dumps({"dry_run": True, "builds": [b.describe() for b in builds]}, indent=2))
+            return 0
+        done = []
+        for b in builds:
+            print(f"build-engines: {b.cache_dir} ({', '.join(b.used_by)})", file=sys.stderr, flush=True)
+            done.append(run_build(b, usable))
+    except BuildRefused as e:
+        print(e, file=sys.stderr)
+        return 1
+    except (ModelLoadError, PlanError, ValueError) as e:
+        print(f"build-engines: {name}: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({"builds": done}, indent=2))
     return 0
 
 

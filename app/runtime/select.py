@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import hashlib
@@ -164,9 +165,17 @@ def x86_without_vnni(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return bool(flags) and not {"avx512_vnni", "avx_vnni"} & set(flags.split())
 
 
+# flock() errors of a file system that keeps no locks (an NFS mount with `nolock`, some FUSE file systems).
+NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
+
+
 @contextlib.contextmanager
 def _build_lock(choice: EngineChoice) -> Iterator[None]:
-    """Replicas on one node building the same TensorRT engine take turns: the second loads the first's."""
+    """Replicas building the same TensorRT engine take turns: the second loads the first's. On one node's disk and
+    on a shared volume alike (docs/engines.md "A shared engine cache": Linux's NFS client sends flock() to the
+    server as a whole-file lock, so Pods on other nodes wait too). Where the file system keeps no locks, the
+    build goes on unlocked: two Pods may then build the same engine at once, and one that meets the other's
+    half-written engine sets it aside and builds again (`build`)."""
     trt = next((p for p in choice.providers if p.name == TENSORRT), None)
     if trt is None:
         yield
@@ -181,7 +190,12 @@ def _build_lock(choice: EngineChoice) -> Iterator[None]:
             "(k8s/rayservice.yaml mounts one at $APP_TRT_CACHE_DIR) or set tensorrt.cache_dir"
         ) from e
     with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError as e:
+            if e.errno not in NO_LOCKS:
+                raise
+            logger.warning("TensorRT engine cache %s cannot be locked (%s): building without the lock", cache, e)
         yield
 
 
