@@ -33,7 +33,12 @@ PROD = REPO / "configs" / "prod.yaml"
 # kubernetes-validate ships schemas for 1.25-1.37; 1.33 is what the managed offerings run widely.
 K8S_VERSION = "1.33.0"
 CRD_VALIDATOR = REPO.parent / "shared" / "tools" / "validate_rayservice.py"
-OVERLAYS = {"base": K8S, "cpu": K8S / "overlays" / "cpu", "gpu": K8S / "overlays" / "gpu"}
+OVERLAYS = {
+    "base": K8S,
+    "cpu": K8S / "overlays" / "cpu",
+    "gpu": K8S / "overlays" / "gpu",
+    "gpu-shared-cache": K8S / "overlays" / "gpu-shared-cache",
+}
 CUSTOM_KINDS = {("ray.io/v1", "RayService"), ("monitoring.coreos.com/v1", "PodMonitor")}
 APP_LABEL = {"app.kubernetes.io/part-of": "image-classifier"}
 SERVE_SVC = "image-classifier-serve-svc"
@@ -449,7 +454,8 @@ def test_a_template_container_without_the_serve_env_is_refused() -> None:
 
 
 def test_check_fails_on_drift_and_render_fixes_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for rel in (k8s.PYPROJECT, k8s.PROD_CONFIG, k8s.SERVE_ENV_FILE, k8s.TEMPLATE, k8s.RAYSERVICE, k8s.CPU_PATCH):
+    generated = (k8s.RAYSERVICE, k8s.CPU_PATCH, k8s.SHARED_CACHE_CONFIG)
+    for rel in (k8s.PYPROJECT, k8s.PROD_CONFIG, k8s.SERVE_ENV_FILE, k8s.TEMPLATE, *generated):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, tmp_path / rel)
     assert k8s.main(["render", "--check", "--root", str(tmp_path)]) == 0
@@ -567,7 +573,12 @@ def test_images_agree_across_groups_and_with_the_kustomizations() -> None:
     base = yaml.safe_load((K8S / "kustomization.yaml").read_text())["images"]
     assert [(i["name"], i["newTag"]) for i in base] == [(k8s.IMAGE_NAME, gpu_tag)]
     registry = base[0]["newName"]
-    want = {"base": gpu_tag, "gpu": gpu_tag, "cpu": k8s.image_tag(version, ray, k8s.CPU_PLATFORM)}
+    want = {
+        "base": gpu_tag,
+        "gpu": gpu_tag,
+        "gpu-shared-cache": gpu_tag,
+        "cpu": k8s.image_tag(version, ray, k8s.CPU_PLATFORM),
+    }
     for name, root in OVERLAYS.items():
         if name != "base":
             rules = yaml.safe_load((root / "kustomization.yaml").read_text())["images"]
@@ -761,6 +772,62 @@ def test_gpu_workers_mount_a_writable_trt_cache_at_app_trt_cache_dir(
             assert spec["securityContext"].get("fsGroup") is not None, f"{where}: uid 1000 must be able to write"
         assert ray["securityContext"]["readOnlyRootFilesystem"] is True, where
         assert ray["securityContext"].get("runAsUser", spec["securityContext"].get("runAsUser")) not in (None, 0)
+
+
+def _gpu_worker(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    groups = one(docs, "RayService")["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    return next(g for g in groups if g["groupName"] == "gpu-workers")["template"]["spec"]
+
+
+def test_the_shared_cache_overlay_puts_every_gpu_pods_engines_on_one_rwx_claim() -> None:
+    docs = kustomize(OVERLAYS["gpu-shared-cache"]).docs
+    spec = _gpu_worker(docs)
+    ray = spec["containers"][0]
+    cache_dir = _env(ray)["APP_TRT_CACHE_DIR"]
+    mount = next(m for m in ray["volumeMounts"] if m["mountPath"] == cache_dir)
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    claim = one(docs, "PersistentVolumeClaim")
+    assert volume == {"name": "trt-cache", "persistentVolumeClaim": {"claimName": claim["metadata"]["name"]}}
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # every GPU node mounts it at once
+    assert spec["securityContext"]["fsGroup"] == ray["securityContext"]["runAsGroup"] == 100
+    # Everything else of the GPU workers is the base's.
+    base = _gpu_worker(kustomize(OVERLAYS["base"]).docs)
+    assert [v for v in base["volumes"] if v["name"] != "trt-cache"] == [
+        v for v in spec["volumes"] if v["name"] != "trt-cache"
+    ]
+    assert base["containers"] == spec["containers"]
+
+
+def test_the_build_engines_job_builds_what_the_gpu_workers_load() -> None:
+    """Same image, same serve config, same cache directory on the same claim, same kind of node, a GPU."""
+    docs = kustomize(OVERLAYS["gpu-shared-cache"]).docs
+    worker = _gpu_worker(docs)
+    job = one(docs, "Job")
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["image"] == worker["containers"][0]["image"]
+    assert c["command"][:4] == ["python", "-m", "app.runtime", "build-engines"] and len(c["command"]) == 5
+    config_path = Path(c["command"][4])
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    config_volume = volumes[mounts[str(config_path.parent)]["name"]]
+    config_map = one(docs, "ConfigMap")
+    assert config_volume["configMap"]["name"] == config_map["metadata"]["name"]
+    assert config_map["data"][config_path.name] == PROD.read_text()
+    cache_dir = _env(c)["APP_TRT_CACHE_DIR"]
+    assert cache_dir == _env(worker["containers"][0])["APP_TRT_CACHE_DIR"]
+    worker_volume = {v["name"]: v for v in worker["volumes"]}["trt-cache"]
+    assert volumes[mounts[cache_dir]["name"]]["persistentVolumeClaim"] == worker_volume["persistentVolumeClaim"]
+    assert not mounts[cache_dir].get("readOnly")
+    assert quantity(c["resources"]["limits"]["nvidia.com/gpu"]) == 1
+    assert pod["nodeSelector"] == worker["nodeSelector"] and pod["tolerations"] == worker["tolerations"]
+    # The namespace's restricted Pod Security Standard.
+    sc, pod_sc = c["securityContext"], pod["securityContext"]
+    assert pod_sc["runAsNonRoot"] is True and pod_sc["runAsUser"] != 0
+    assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"} and pod_sc["fsGroup"] == 100
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["readOnlyRootFilesystem"] is True
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
 
 
 def test_requests_equal_limits(rendered: tuple[str, list[dict[str, Any]]]) -> None:

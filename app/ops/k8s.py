@@ -1,6 +1,6 @@
 """Kubernetes manifests generated from the Serve config: `python -m app.ops.k8s render [--check]`.
 
-Run from the repository root. Two files are generated, nothing else:
+Run from the repository root. Three files are generated, nothing else:
 
 - k8s/rayservice.yaml: k8s/templates/rayservice.yaml.in with configs/prod.yaml embedded verbatim as
   spec.serveConfigV2 (a YAML block scalar, so its comments survive), rayVersion set to the Ray version
@@ -8,6 +8,9 @@ Run from the repository root. Two files are generated, nothing else:
   built under (<project version>-ray<Ray version>-cu130).
 - k8s/overlays/cpu/serve-config-patch.yaml: a JSON patch that gives the CPU overlay the same config
   with the Classifiers on CPU, for clusters without GPUs.
+- k8s/overlays/gpu-shared-cache/serve-config.yaml: a ConfigMap holding configs/prod.yaml verbatim, which
+  that overlay's build-engines Job reads (`python -m app.runtime build-engines`): the engines it builds
+  are those of the config the RayService serves.
 
 `--check` writes nothing and exits 1 when either file differs from what render would write, so a
 config change that was not rendered fails CI instead of silently deploying the old config.
@@ -31,6 +34,8 @@ from app.models import ModelFiles
 TEMPLATE = Path("k8s/templates/rayservice.yaml.in")
 RAYSERVICE = Path("k8s/rayservice.yaml")
 CPU_PATCH = Path("k8s/overlays/cpu/serve-config-patch.yaml")
+SHARED_CACHE_CONFIG = Path("k8s/overlays/gpu-shared-cache/serve-config.yaml")
+SERVE_CONFIG_MAP = "image-classifier-serve-config"
 PROD_CONFIG = Path("configs/prod.yaml")
 SERVE_ENV_FILE = Path("configs/serve.env")
 PYPROJECT = Path("pyproject.toml")
@@ -174,6 +179,23 @@ def render_cpu_patch(serve_config: str) -> str:
     )
 
 
+def render_serve_config_map(serve_config: str) -> str:
+    """configs/prod.yaml as a ConfigMap (key prod.yaml), for the shared-cache overlay's build-engines Job."""
+    header = GENERATED_HEADER.format(sources=str(PROD_CONFIG), edit=str(PROD_CONFIG))
+    return (
+        header + "# The Serve config the RayService serves, for `python -m app.runtime build-engines` in the Job\n"
+        "# (build-engines-job.yaml mounts it at /home/ray/serve-config).\n"
+        "apiVersion: v1\n"
+        "kind: ConfigMap\n"
+        "metadata:\n"
+        f"  name: {SERVE_CONFIG_MAP}\n"
+        "  labels:\n"
+        "    app.kubernetes.io/part-of: image-classifier\n"
+        "data:\n"
+        "  prod.yaml: |\n" + embed_block(serve_config, "    ")
+    )
+
+
 def _read(root: Path, path: Path) -> str:
     try:
         return (root / path).read_text(encoding="utf-8")
@@ -199,6 +221,7 @@ def render(root: Path) -> dict[Path, str]:
     return {
         RAYSERVICE: render_rayservice(_read(root, TEMPLATE), serve_config, ray, image, env),
         CPU_PATCH: render_cpu_patch(serve_config),
+        SHARED_CACHE_CONFIG: render_serve_config_map(serve_config),
     }
 
 
@@ -237,7 +260,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m app.ops.k8s", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("render", help="write k8s/rayservice.yaml and the CPU overlay's serve config patch")
+    r = sub.add_parser("render", help="write k8s/rayservice.yaml and the overlays' generated serve configs")
     r.add_argument("--check", action="store_true", help="write nothing; exit 1 if a generated file is stale")
     r.add_argument("--root", default=".", help="the repository root (default: the working directory)")
     r.set_defaults(func=cmd_render)
