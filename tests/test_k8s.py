@@ -830,6 +830,15 @@ def test_the_build_engines_job_builds_what_the_gpu_workers_load() -> None:
     assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
 
 
+def test_the_engine_build_can_be_applied_before_the_rayservice() -> None:
+    """`kubectl apply -k k8s/overlays/gpu-shared-cache -l app.kubernetes.io/component=trt-engines` applies the
+    claim, the config and the Job, and nothing else, so the engines can be built before the new cluster starts."""
+    docs = kustomize(OVERLAYS["gpu-shared-cache"]).docs
+    label = {"app.kubernetes.io/component": k8s.ENGINES_COMPONENT}
+    picked = [d for d in docs if label.items() <= (d["metadata"].get("labels") or {}).items()]
+    assert sorted(d["kind"] for d in picked) == ["ConfigMap", "Job", "PersistentVolumeClaim"]
+
+
 def test_requests_equal_limits(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     rs = one(rendered[1], "RayService")
     resources = [

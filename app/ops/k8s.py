@@ -36,6 +36,8 @@ RAYSERVICE = Path("k8s/rayservice.yaml")
 CPU_PATCH = Path("k8s/overlays/cpu/serve-config-patch.yaml")
 SHARED_CACHE_CONFIG = Path("k8s/overlays/gpu-shared-cache/serve-config.yaml")
 SERVE_CONFIG_MAP = "image-classifier-serve-config"
+# The shared-cache overlay's label on what the engine build needs (claim, config, Job): `kubectl apply -k ... -l`.
+ENGINES_COMPONENT = "trt-engines"
 PROD_CONFIG = Path("configs/prod.yaml")
 SERVE_ENV_FILE = Path("configs/serve.env")
 PYPROJECT = Path("pyproject.toml")
@@ -191,6 +193,7 @@ def render_serve_config_map(serve_config: str) -> str:
         f"  name: {SERVE_CONFIG_MAP}\n"
         "  labels:\n"
         "    app.kubernetes.io/part-of: image-classifier\n"
+        f"    app.kubernetes.io/component: {ENGINES_COMPONENT}\n"
         "data:\n"
         "  prod.yaml: |\n" + embed_block(serve_config, "    ")
     )
