@@ -15,9 +15,10 @@ from app.models import ModelFiles
 from app.runtime.ort_engine import missing_libraries, usable_providers
 from app.runtime.plan import CPU, CUDA, TENSORRT
 from benchmarks import gpu_check
-from benchmarks.gpu_check import TARGETS, Check, batch_table, run
+from benchmarks.gpu_check import TARGETS, TORCH, Check, batch_table, run
 
-TARGET_NAMES = [t.name for t in TARGETS]
+ORT_TARGETS = [t for t in TARGETS if t.framework != TORCH]  # the torch ones have tests of their own below
+TARGET_NAMES = [t.name for t in ORT_TARGETS]
 FAST = {"warmup": 1, "min_runs": 2, "max_runs": 3, "budget_s": 0.01}
 
 
@@ -27,6 +28,7 @@ def _check(files: ModelFiles, out_dir: Path, **over: Any) -> Check:
     trt = files.root / "efficientnet_lite0-int8-trt.onnx"
     models = {"fp32": str(files.fp32), "int8": str(files.int8), "trt_int8": str(trt if trt.is_file() else files.int8)}
     settings: dict[str, Any] = {"batches": (1, 2), "dry_run": True, "models": models, "timing": FAST}
+    settings |= {"targets": ORT_TARGETS, "agreement_images": 3}
     return Check(**{**settings, "isolate": False, "out_dir": out_dir, **over})
 
 
@@ -83,7 +85,7 @@ def test_every_node_of_the_dry_run_is_placed_and_all_on_the_cpu_ep(dry_run: dict
         assert [p["name"] for p in r["ran"]["providers"]] == [CPU]
         assert r["cold_start"]["requested_providers"] == r["cold_start"]["providers"] == [CPU]
     # the QDQ graph has its Quantize/Dequantize nodes: more nodes than the FP32 graph it came from
-    assert targets["cuda-qdq-int8"]["nodes_per_provider"][CPU] > targets["cuda-fp32"]["nodes_per_provider"][CPU]
+    assert targets["cuda-int8-qdq"]["nodes_per_provider"][CPU] > targets["cuda-fp32"]["nodes_per_provider"][CPU]
 
 
 def test_cold_and_cached_start_are_both_reported(dry_run: dict[str, Any]) -> None:
@@ -107,7 +109,7 @@ def test_the_dry_run_records_the_gpu_providers_the_real_run_would_request(dry_ru
     assert [p["name"] for p in planned("trt-int8")] == [TENSORRT, CUDA, CPU]
     assert [p["name"] for p in planned("trt-fp16")] == [TENSORRT, CUDA, CPU]
     assert [p["name"] for p in planned("cuda-fp32")] == [CUDA, CPU]
-    assert [p["name"] for p in planned("cuda-qdq-int8")] == [CUDA, CPU]
+    assert [p["name"] for p in planned("cuda-int8-qdq")] == [CUDA, CPU]
     int8, fp16 = planned("trt-int8")[0]["options"], planned("trt-fp16")[0]["options"]
     assert (int8["trt_int8_enable"], int8["trt_fp16_enable"]) == (True, False)
     assert (fp16["trt_int8_enable"], fp16["trt_fp16_enable"]) == (False, True)
@@ -115,7 +117,7 @@ def test_the_dry_run_records_the_gpu_providers_the_real_run_would_request(dry_ru
     # each TensorRT target builds into its own directory under the run's cache root
     assert int8["trt_engine_cache_path"].startswith(targets["trt-int8"]["cache_dir"] + "/")
     assert fp16["trt_engine_cache_path"].startswith(targets["trt-fp16"]["cache_dir"] + "/")
-    assert targets["cuda-qdq-int8"]["model"].endswith("efficientnet_lite0-int8.onnx")
+    assert targets["cuda-int8-qdq"]["model"].endswith("efficientnet_lite0-int8.onnx")
     assert targets["trt-fp16"]["model"] == targets["cuda-fp32"]["model"]
 
 
@@ -127,9 +129,9 @@ def test_the_table_has_one_row_per_target_and_batch(dry_run: dict[str, Any]) -> 
     assert _table_rows(batch_table(result)) == rows
     by_key = {(r[0], r[1]): r for r in rows}
     assert by_key[("cuda-fp32", "1")][6] == "1.00x"  # the reference against itself
-    qdq = result["targets"]["cuda-qdq-int8"]["batches"][1]["images_per_s"]
+    qdq = result["targets"]["cuda-int8-qdq"]["batches"][1]["images_per_s"]
     ref = result["targets"]["cuda-fp32"]["batches"][1]["images_per_s"]
-    assert by_key[("cuda-qdq-int8", "2")][6] == f"{qdq / ref:.2f}x"
+    assert by_key[("cuda-int8-qdq", "2")][6] == f"{qdq / ref:.2f}x"
     assert "cold start s" in md and "cached start s" in md and "nodes not on intended EP" in md
 
 
@@ -171,24 +173,24 @@ def test_a_missing_model_file_fails_its_targets_only(model_files: ModelFiles, tm
     [path] = tmp_path.glob("*.json")
     targets = json.loads(path.read_text())["targets"]
     assert targets["trt-int8"]["error"].startswith("planning:") and gone in targets["trt-int8"]["error"]
-    assert "error" not in targets["cuda-qdq-int8"]
+    assert "error" not in targets["cuda-int8-qdq"]
 
 
 def test_a_target_that_fails_is_reported_and_the_others_still_run(model_files: ModelFiles, tmp_path: Path) -> None:
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"not an onnx model")
-    check = _check(model_files, tmp_path, targets=TARGETS[1:])
+    check = _check(model_files, tmp_path, targets=ORT_TARGETS[1:])
     check.models["fp32"] = str(broken)
     assert run(check) == 1
     [path] = tmp_path.glob("*.json")
     result = json.loads(path.read_text())
     assert result["targets"]["trt-fp16"]["error"].startswith("planning:")  # TensorRT's options read the model
     assert result["targets"]["cuda-fp32"]["error"].startswith("cold start:")
-    assert "error" not in result["targets"]["cuda-qdq-int8"]
+    assert "error" not in result["targets"]["cuda-int8-qdq"]
     rows = _table_rows(batch_table(result))
     assert len(rows) == 6
-    assert all(r[7].startswith("failed") and r[6] == "n/a" for r in rows if r[0] != "cuda-qdq-int8")
-    assert all(r[5] != "n/a" and r[6] == "n/a" for r in rows if r[0] == "cuda-qdq-int8")  # the reference did not run
+    assert all(r[7].startswith("failed") and r[6] == "n/a" for r in rows if r[0] != "cuda-int8-qdq")
+    assert all(r[5] != "n/a" and r[6] == "n/a" for r in rows if r[0] == "cuda-int8-qdq")  # the reference did not run
 
 
 def test_each_start_can_run_in_a_fresh_process(model_files: ModelFiles, tmp_path: Path) -> None:
@@ -242,3 +244,75 @@ def test_the_targets_are_chosen_on_the_command_line(
     with pytest.raises(SystemExit) as e:
         gpu_check.main(["--targets", "cuda-fp32,torch-fp64"])
     assert e.value.code == 2
+
+
+def test_the_issues_spelling_and_the_old_one_both_name_the_qdq_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    chosen: list[list[str]] = []
+    monkeypatch.setattr(gpu_check, "run", lambda check: chosen.append([t.name for t in check.targets]) or 0)
+    assert gpu_check.main(["--cpu-dry-run", "--targets", "cuda-qdq-int8,torch-fp32"]) == 0
+    assert gpu_check.main(["--targets", "cuda-int8-qdq"]) == 0
+    assert chosen == [["cuda-int8-qdq", "torch-fp32"], ["cuda-int8-qdq"]]
+
+
+def test_every_target_is_compared_with_the_cpu_eps_fp32_answers(dry_run: dict[str, Any]) -> None:
+    """The agreement images are real photographs: the FP32 model on the CPU EP agrees with the reference exactly
+    (the same session), the INT8 ones classify them too but with logits of their own."""
+    targets = _json(dry_run)["targets"]
+    for name, r in targets.items():
+        agreed = r["agreement"]
+        assert agreed["images"] == 3 and agreed["reference"] == gpu_check.AGREEMENT_REFERENCE, name
+        assert 0 <= agreed["top1_agree"] <= 1 and agreed["max_abs_logit_diff"] >= 0, name
+        assert "agreement_logits" not in r["cold_start"]
+    assert targets["cuda-fp32"]["agreement"]["max_abs_logit_diff"] == 0
+    assert targets["cuda-fp32"]["agreement"]["top1_agree"] == 1
+    assert targets["cuda-int8-qdq"]["agreement"]["max_abs_logit_diff"] > 0  # INT8 is not the FP32 network's output
+    md = next(f for f in dry_run["files"] if f.suffix == ".md").read_text()
+    assert "top-1 agree" in md and "max logit gap" in md
+
+
+def test_without_a_reference_the_targets_still_run(model_files: ModelFiles, tmp_path: Path) -> None:
+    check = _check(model_files, tmp_path, targets=[TARGETS[3]], batches=(1,))
+    check.models["fp32"] = str(tmp_path / "gone-fp32.onnx")  # the reference's model; cuda-int8-qdq runs the INT8 one
+    assert run(check) == 0
+    [path] = tmp_path.glob("*.json")
+    r = json.loads(path.read_text())["targets"]["cuda-int8-qdq"]
+    assert "batches" in r and "gone-fp32.onnx" in r["agreement"]["error"]
+
+
+def test_a_torch_target_without_torch_is_skipped_and_the_others_run(
+    model_files: ModelFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Done-when command of issue 35 on a machine without torch (torch's absence stood in for where it is
+    installed): cuda-fp32 is measured on the CPU EP, torch-fp32 is skipped saying why, exit 0."""
+    monkeypatch.setattr(gpu_check, "torch_version", lambda: "not installed")
+    torch_fp32 = next(t for t in TARGETS if t.name == "torch-fp32")
+    assert run(_check(model_files, tmp_path, targets=[TARGETS[2], torch_fp32], batches=(1,))) == 0
+    [path] = tmp_path.glob("*.json")
+    result = json.loads(path.read_text())
+    assert result["targets"]["torch-fp32"]["skipped"].startswith("torch not installed")
+    assert "batches" in result["targets"]["cuda-fp32"] and result["runtime"]["torch"] == "not installed"
+    rows = _table_rows(batch_table(result))
+    assert [r[7][:29] for r in rows if r[0] == "torch-fp32"] == ["skipped: torch not installed "]
+
+
+# --------------------------------------------------------------------------- torch (where it is installed)
+
+
+def test_torch_targets_run_the_same_network_on_torchs_cpu(model_files: ModelFiles, tmp_path: Path) -> None:
+    """The dry run of the torch targets (torch's CPU device): torch-fp32 measured, its answers the CPU EP's to
+    float rounding; torch-fp16 skipped, as FP16 is emulated on a CPU. Needs torch (the gpu-check extra)."""
+    pytest.importorskip("torch", reason="torch is not installed: the gpu-check extra, in a venv of its own")
+    import onnx
+
+    torch_targets = [t for t in TARGETS if t.framework == TORCH]
+    assert run(_check(model_files, tmp_path, targets=torch_targets, batches=(1, 2))) == 0
+    [path] = tmp_path.glob("*.json")
+    targets = json.loads(path.read_text())["targets"]
+    r = targets["torch-fp32"]
+    assert r["intended_provider"] == "torch:cpu" and [b["batch"] for b in r["batches"]] == [1, 2]
+    assert r["planned"]["device"] == "cuda" and r["ran"]["device"] == "cpu"
+    assert r["cold_start"]["dtype"] == "float32" and r["cold_start"]["torch"]
+    graph_nodes = len(onnx.load(str(model_files.fp32)).graph.node)
+    assert r["nodes_per_provider"] == {"torch:cpu": graph_nodes} and r["not_on_intended"] == []
+    assert r["agreement"]["top1_agree"] == 1 and r["agreement"]["max_abs_logit_diff"] < 1e-3
+    assert "emulated" in targets["torch-fp16"]["skipped"]
