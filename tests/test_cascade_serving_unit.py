@@ -82,6 +82,21 @@ def classify(p: Pipeline, values: list[int], variant: str = CASCADE, full: bool 
     return outcome
 
 
+def classify_with_shadows(p: Pipeline, values: list[int], variant: str = CASCADE) -> Outcome:
+    """classify(), then wait for the shadows it started, in the same event loop: asyncio.run cancels the tasks
+    left when its coroutine returns, so waiting in a second asyncio.run found them cancelled, not done (on Python
+    3.12 every time; 3.11 happened to run them before classify() returned)."""
+
+    async def go() -> Outcome:
+        images = [bytes([v]) for v in values]
+        outcome: Outcome = await p.classify(Choice(variant, "override"), images, 5, time.perf_counter(), False)
+        await until(lambda: not p.shadow.running)
+        return outcome
+
+    result: Outcome = run(go())
+    return result
+
+
 VALUES = [0, 10, 30, 59, 60, 61, 100, 150, 199]  # margins 0 .. 0.995; odd ones: INT8 wrong
 
 
@@ -228,8 +243,7 @@ def test_a_then_of_another_input_size_is_never_called_and_says_why() -> None:
 def test_shadows_of_a_cascade_count_every_sampled_image_by_margin_with_escalated_ones_free() -> None:
     backend = CascadeBackend()
     p = cascade_pipeline(backend, margin=0.3, shadow=1.0)
-    o = classify(p, VALUES)
-    run(until(lambda: not p.shadow.running))
+    o = classify_with_shadows(p, VALUES)
     ev = p.evidence.stats.margins[CASCADE]
     assert ev.n == len(VALUES)
     assert sum(ev.disagree) == sum(1 for v in VALUES if v % 2)  # INT8 is wrong on the odd ones
@@ -244,8 +258,7 @@ def test_shadows_of_a_cascade_count_every_sampled_image_by_margin_with_escalated
 def test_shadows_between_the_two_variants_count_too(answered_by: str) -> None:
     backend = CascadeBackend()
     p = cascade_pipeline(backend, margin=0.3, shadow=1.0)
-    classify(p, VALUES, variant=answered_by)
-    run(until(lambda: not p.shadow.running))
+    classify_with_shadows(p, VALUES, variant=answered_by)
     ev = p.evidence.stats.margins[CASCADE]
     assert ev.n == len(VALUES) and sum(ev.disagree) == 3
 
@@ -258,16 +271,14 @@ def test_cascades_sharing_a_pair_count_each_comparison_once() -> None:
     }
     p = Pipeline(backend, ["fp32", "int8"], Metrics(), rng=random.Random(0), cascades=args)
     p.configure(settings, WeightedSplit(settings.weights))
-    classify(p, VALUES, variant="int8")
-    run(until(lambda: not p.shadow.running))
+    classify_with_shadows(p, VALUES, variant="int8")
     assert p.evidence.stats.margins[CASCADE].n == len(VALUES)
 
 
 def test_a_variant_shadowed_on_a_cascade_runs_it() -> None:
     backend = CascadeBackend()
     p = cascade_pipeline(backend, margin=0.3, shadow=1.0, pair=(CASCADE, "fp32"))  # a rollout of the cascade vs FP32
-    classify(p, VALUES, variant="fp32")
-    run(until(lambda: not p.shadow.running))
+    classify_with_shadows(p, VALUES, variant="fp32")
     # FP32 answered: the shadow runs INT8 only; the rows it would escalate agree with FP32 by construction.
     assert backend.classified == [("fp32", 9), ("int8", 9)]
     pair = p.evidence.stats.pairs["fp32|int8>fp32"]
@@ -295,8 +306,7 @@ def test_auto_refits_from_the_ledgers_evidence_and_keeps_its_default_until_min_s
 def test_pipeline_refit_end_to_end_through_the_fake_ledger() -> None:
     backend = CascadeBackend()
     p = cascade_pipeline(backend, margin="auto", shadow=1.0, min_samples=9)
-    classify(p, [*VALUES[:-1], 198], variant="int8")  # INT8 wrong at margins 0.295 and 0.305 only
-    run(until(lambda: not p.shadow.running))
+    classify_with_shadows(p, [*VALUES[:-1], 198], variant="int8")  # INT8 wrong at margins 0.295 and 0.305 only
     run(p.evidence.flush())
 
     async def ledger() -> Any:

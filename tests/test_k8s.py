@@ -1014,9 +1014,9 @@ def test_the_image_builds_the_tensorrt_ready_int8_model() -> None:
     assert 'test -f "$APP_MODEL_DIR/efficientnet_lite0-int8-trt.onnx"' in models[0]
 
 
-# TensorRT: onnxruntime-gpu's TensorRT provider links libnvinfer.so.<TensorRT major>, so the image's
-# tensorrt-cu<CUDA major>-libs must have that major (11.x ships libnvinfer.so.11, which it cannot load).
-TENSORRT_PIN = re.compile(r"tensorrt-cu(\d+)-libs==(\d+)\.(\d+)(?:\.\*|(?:\.\d+)*)(?=[\s\"']|$)")
+# TensorRT: onnxruntime-gpu's TensorRT provider links libnvinfer.so.<TensorRT major>, so the image's TensorRT debs
+# (libnvinfer<major>, chosen as the newest <TENSORRT_VERSION>.x built for CUDA <major>) must have that major.
+TENSORRT_DEB = re.compile(r'grep "\^\$\{TENSORRT_VERSION\}\\\.\.\*\+cuda(\d+)"')
 PROVIDERS = ("libonnxruntime_providers_cuda.so", "libonnxruntime_providers_tensorrt.so")
 
 
@@ -1024,12 +1024,19 @@ def _runs() -> list[str]:
     return [a for i, a in dockerfile(K8S / "Dockerfile") if i == "RUN"]
 
 
+def _args() -> dict[str, str]:
+    """The Dockerfile's ARG defaults."""
+    return dict(a.split("=", 1) for i, a in dockerfile(K8S / "Dockerfile") if i == "ARG" and "=" in a)
+
+
 def _tensorrt_pin() -> tuple[int, int, str]:
-    """(CUDA major, TensorRT major, the RUN holding the pin) of the one tensorrt libs pin."""
-    hits = [(m, r) for r in _runs() for m in TENSORRT_PIN.finditer(r)]
-    assert len(hits) == 1, f"k8s/Dockerfile must pin tensorrt-cu<N>-libs==X.Y.* exactly once, found {len(hits)}"
+    """(CUDA major, TensorRT major, the RUN installing it) of the one TensorRT install step."""
+    hits = [(m, r) for r in _runs() for m in TENSORRT_DEB.finditer(r)]
+    assert len(hits) == 1, f"k8s/Dockerfile must choose TensorRT's deb for one CUDA major once, found {len(hits)}"
     match, run = hits[0]
-    return int(match.group(1)), int(match.group(2)), run
+    major = int(_args()["TENSORRT_VERSION"].split(".")[0])
+    assert f'"libnvinfer{major}=$trt" "libnvonnxparsers{major}=$trt"' in run, "the packages must match the major"
+    return int(match.group(1)), major, run
 
 
 def _needed(lib: Path) -> list[str]:
@@ -1058,7 +1065,7 @@ def _onnxruntime_capi() -> Path:
 
 def test_dockerfile_pins_tensorrt_10_for_cuda_13() -> None:
     cuda, major, _ = _tensorrt_pin()
-    assert major == 10, f"tensorrt-cu{cuda}-libs=={major}.*: the TensorRT provider loads libnvinfer.so.10"
+    assert major == 10, f"libnvinfer{major} (TensorRT {major}): the TensorRT provider loads libnvinfer.so.10"
     assert k8s.GPU_PLATFORM.startswith(f"cu{cuda}"), f"cu{cuda} TensorRT on a {k8s.GPU_PLATFORM} image"
 
 
@@ -1094,45 +1101,74 @@ def _run_step(shell: str, step: str, env: dict[str, str]) -> subprocess.Complete
 
 
 @pytest.mark.parametrize("shell", SHELLS)
-def test_tensorrt_is_installed_and_registered_with_the_loader_on_the_gpu_platform_only(
-    tmp_path: Path, shell: str
-) -> None:
-    """The Dockerfile's TensorRT step, run with stand-ins for pip, python and sudo."""
+def test_tensorrt_is_installed_from_nvidias_apt_repository_on_the_gpu_platform_only(tmp_path: Path, shell: str) -> None:
+    """The Dockerfile's TensorRT step, run with stand-ins for apt-get, apt-cache, dpkg and sudo (no docker here):
+    the newest 10.16.x deb for CUDA 13 is installed by its exact version, and the build fails when the repository
+    has none, when a library the provider NEEDS is missing, or when the engine builder's resource library is."""
     _, _, step = _tensorrt_pin()
-    trt_libs = tmp_path / "site-packages" / "tensorrt_libs"
-    trt_libs.mkdir(parents=True)
-    log = tmp_path / "log"
+    libdir = tmp_path / "usr" / "lib" / "x86_64-linux-gnu"
+    libdir.mkdir(parents=True)
+    log, madison = tmp_path / "log", tmp_path / "madison"
     env = _fake_bin(
         tmp_path,
-        pip=f'echo "pip $*" >> {log}',
-        python=f'echo "{trt_libs}"',
-        sudo=f'echo "sudo $*" >> {log}; if [ "$1" = tee ]; then cat >> {log}; fi',
+        sudo='"$@"',
+        **{
+            "apt-get": f'echo "apt-get $*" >> {log}',
+            "apt-cache": f'cat "{madison}"',
+            "dpkg": f'for f in "{libdir}"/*; do echo "$f"; done',
+        },
     )
+    env["TENSORRT_VERSION"] = _args()["TENSORRT_VERSION"]
+    assert env["TENSORRT_VERSION"] == "10.16"
+    repo = "https://nvidia.example/repos/ubuntu2404/x86_64  Packages"
+    versions = ("10.16.0.72-1+cuda13.0", "10.16.1.11-1+cuda13.0", "10.16.1.11-1+cuda12.9", "11.4.0.106-1+cuda13.0")
 
-    def run(platform: str) -> tuple[int, list[str]]:
+    def run(platform: str, libs: tuple[str, ...], offered: tuple[str, ...] = versions) -> tuple[int, list[str]]:
+        madison.write_text("".join(f" libnvinfer10 | {v} | {repo}\n" for v in offered))
+        for old in libdir.iterdir():
+            old.unlink()
+        for lib in libs:
+            (libdir / lib).touch()
         log.write_text("")
         proc = _run_step(shell, step, dict(env, RAY_PLATFORM=platform))
         return proc.returncode, log.read_text().splitlines()
 
-    assert run("cpu") == (0, []), "the CPU image installs no TensorRT"
-    # Nothing installed, TensorRT 11's libnvinfer, no ONNX parser: each fails the build.
-    for libs in ((), ("libnvinfer.so.11", "libnvonnxparser.so.10"), ("libnvinfer.so.10",)):
-        for old in trt_libs.iterdir():
-            old.unlink()
-        for lib in libs:
-            (trt_libs / lib).touch()
-        rc, calls = run(k8s.GPU_PLATFORM)
-        assert rc != 0 and "sudo ldconfig" not in calls, f"{libs}: TensorRT 10 incomplete, the build must fail"
-    (trt_libs / "libnvonnxparser.so.10").touch()
-    rc, calls = run(k8s.GPU_PLATFORM)
+    complete = ("libnvinfer.so.10", "libnvonnxparser.so.10", "libnvinfer_builder_resource.so.10.16.1")
+    assert run("cpu", complete) == (0, []), "the CPU image installs no TensorRT"
+    rc, calls = run(k8s.GPU_PLATFORM, complete)
     assert rc == 0, calls
-    [pip] = [c for c in calls if c.startswith("pip ")]
-    assert pip.startswith("pip install ") and TENSORRT_PIN.search(pip), pip
-    conf = [i for i, c in enumerate(calls) if re.fullmatch(r"sudo tee /etc/ld\.so\.conf\.d/\S+\.conf", c)]
-    assert len(conf) == 1 and calls[conf[0] + 1] == str(trt_libs), f"tensorrt_libs/ is not on the loader path: {calls}"
-    assert calls[-1] == "sudo ldconfig", calls
-    rc, _ = run("cu128")
-    assert rc != 0, "a platform without a TensorRT pin must fail the build, not skip TensorRT"
+    assert calls[-1] == (
+        "apt-get install -y --no-install-recommends libnvinfer10=10.16.1.11-1+cuda13.0 "
+        "libnvonnxparsers10=10.16.1.11-1+cuda13.0"
+    ), calls
+    # only TensorRT 10.16 for CUDA 12.9, or 11.x for CUDA 13: nothing installed, the build fails
+    rc, calls = run(k8s.GPU_PLATFORM, complete, ("10.16.1.11-1+cuda12.9", "11.4.0.106-1+cuda13.0"))
+    assert rc != 0 and not any("install" in c for c in calls)
+    # the ONNX parser missing, the engine builder's resource library missing: each fails the build
+    for libs in (complete[::2], complete[:2]):
+        assert run(k8s.GPU_PLATFORM, libs)[0] != 0, f"{libs}: TensorRT incomplete, the build must fail"
+    assert run("cu128", complete)[0] != 0, "a platform without a TensorRT pin must fail the build, not skip TensorRT"
+
+
+def test_the_engine_builders_resource_library_is_checked_where_tensorrt_is_installed() -> None:
+    """Loaded only when an engine is built, so ldd (the provider check) never sees it: the TensorRT step lists it."""
+    _, _, step = _tensorrt_pin()
+    assert re.search(r'ls "\$trt_dir"/libnvinfer_builder_resource\*', step), step
+    assert "libnvinfer_builder_resource" not in _ldd_step()
+
+
+def test_the_base_is_rays_python_3_12_cuda_13_image_and_the_project_admits_3_12() -> None:
+    """Ray builds its CUDA 13 image for Python 3.12 only (the Dockerfile's header says where that is written);
+    the project installs there: requires-python admits 3.12 and its tests run on it (docs/kubernetes.md)."""
+    args = _args()
+    assert (args["PYTHON_TAG"], args["RAY_PLATFORM"]) == ("py312", "cu130")
+    requires = re.search(r'requires-python = "([^"]+)"', _pyproject())
+    assert requires
+    from packaging.specifiers import SpecifierSet
+
+    assert "3.12" in SpecifierSet(requires.group(1)) and "3.11" in SpecifierSet(requires.group(1))
+    header = (K8S / "Dockerfile").read_text().split("FROM ")[0]
+    assert "ray-images.json" in header and "has NOT been built" in header
 
 
 def _ldd_step() -> str:
