@@ -6,7 +6,7 @@ PERF_ANALYZER := .perf_analyzer/bin/perf_analyzer
 KSERVE := .venv-kserve/.installed
 MODELS := models/efficientnet_lite0-fp32.onnx models/efficientnet_lite0-int8.onnx models/efficientnet_lite0-int8-trt.onnx
 
-.PHONY: install models serve status test lint bench overload fairness hostile autoscale soak k8s clean perf-analyzer system-deps
+.PHONY: install models serve status test lint bench overload fairness hostile autoscale soak k8s clean perf-analyzer system-deps proto
 
 $(STAMP): pyproject.toml
 	python3 -m venv .venv
@@ -65,6 +65,16 @@ lint: $(STAMP)
 	$(PY) -m app.ops.config_reference --check
 	$(PY) -m app.config configs/local.yaml configs/prod.yaml configs/serve.env configs/examples/*.yaml
 	$(PY) -m app.ops.k8s render --check
+
+# The Open Inference Protocol's gRPC messages (app/protocol/v2/pb/), generated anew from the installed tritonclient's
+# descriptors by grpcio-tools' protoc, in a venv of its own (app/ops/proto_gen.py: what is pinned, and why).
+PROTOGEN := .venv-protogen/bin/python
+$(PROTOGEN): | $(STAMP)
+	python3 -m venv .venv-protogen
+	$(PROTOGEN) -m pip install --quiet "grpcio-tools==$$($(PY) -c 'import app.ops.proto_gen as g; print(g.GRPCIO_TOOLS)')"
+
+proto: $(PROTOGEN)   ## regenerate app/protocol/v2/pb/*_pb2* (python -m app.ops.proto_gen --check: are they current?)
+	$(PY) -m app.ops.proto_gen --tools-python $(PROTOGEN)
 
 # Triton's peer runs in a venv made from the system's Python (benchmarks/baselines/triton_peer.py says why).
 $(TRITON_STAMP): | $(STAMP)

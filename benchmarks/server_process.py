@@ -49,12 +49,14 @@ class ServerProcess:
     log_path: Path
     cwd: Path | None = None
     env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
+    unset: Callable[[str], bool] | None = None  # which of this process's variables the server does not inherit
     fail_patterns: Sequence[str] = ()  # regular expressions; one in the log means startup failed
     proc: subprocess.Popen[bytes] | None = None
     family: dict[int, float] = field(default_factory=dict)
 
     def start(self) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_USAGE_STATS_ENABLED": "0", **self.env}
+        inherited = {k: v for k, v in os.environ.items() if self.unset is None or not self.unset(k)}
+        env = {**inherited, "PYTHONUNBUFFERED": "1", "RAY_USAGE_STATS_ENABLED": "0", **self.env}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(

@@ -37,6 +37,7 @@ def model_files() -> ModelFiles:
 
 import copy  # noqa: E402
 import os  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from typing import Any  # noqa: E402
@@ -205,6 +206,46 @@ class ServeDeployer:
 @pytest.fixture(scope="session")
 def serve_deployer(ray_session: None) -> ServeDeployer:
     return ServeDeployer()
+
+
+class PythonProxyApp:
+    """configs/local.yaml as `serve run` starts it on a plain Ray cluster: a child process with a Ray of its own, and
+    none of configs/serve.env in its environment (the session's Ray has it), so Serve's default ingress, its Python
+    proxy, answers HTTP and gRPC. ~60 s to start on 2 cores; stopped by pid."""
+
+    def __init__(self, model_files: ModelFiles, directory: Path) -> None:
+        from benchmarks.server_process import ServerProcess
+
+        port = SERVE_PORT + 300  # past the session's ranges (app.config.private_serve_env: 50 apart is enough)
+        cfg = local_config(model_files)
+        cfg["http_options"]["port"], cfg["grpc_options"]["port"] = port, port + 95
+        path = directory / "local-python-proxy.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        self.url, self.grpc_url = f"http://127.0.0.1:{port}", f"127.0.0.1:{port + 95}"
+        self.server = ServerProcess(
+            "serve-python-proxy",
+            [str(Path(sys.executable).parent / "serve"), "run", str(path)],
+            directory / "serve-python-proxy.log",
+            cwd=REPO,
+            env={"RAY_ADDRESS": "local"},  # a Ray of its own, never the session's or anyone else's
+            unset=lambda k: k.startswith(("RAY_SERVE_", "APP_FRONT_")),  # what use_serve_env put in this process
+            fail_patterns=("DEPLOY_FAILED", r"Deploying app '[^']*' failed"),  # as benchmarks.run's
+        )
+
+    def __enter__(self) -> PythonProxyApp:
+        self.server.start()
+        try:
+            self.server.wait_ready(self.url + "/readyz", 240)
+        except BaseException:
+            self.server.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop()
+
+    def log(self) -> str:
+        return self.server.log_path.read_text(errors="replace")
 
 
 @pytest.fixture(scope="session")

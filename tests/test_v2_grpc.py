@@ -1,9 +1,12 @@
-"""The Open Inference Protocol over real gRPC (Serve's gRPC ingress, with configs/serve.env's HAProxy in front),
-driven by tritonclient.grpc, a real, unmodified client; and Triton's own perf_analyzer over HTTP and gRPC."""
+"""The Open Inference Protocol over real gRPC, driven by tritonclient.grpc, a real, unmodified client, on both of
+Serve's ingresses: HAProxy with the admission front (configs/serve.env, the session's app) and Serve's Python proxy
+(`serve run` on a plain Ray, which pickles each request to hand it to a Router: the messages are the app's own,
+app/protocol/v2/pb/); and Triton's own perf_analyzer over HTTP and gRPC."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ from app.imaging.preprocess import preprocess
 from app.models import builtin_transform
 from app.models.samples import sample_bytes
 from benchmarks import perf_analyzer
-from tests.conftest import ServeDeployer, wait_until
+from tests.conftest import PythonProxyApp, ServeDeployer, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -26,9 +29,24 @@ AB, FP32, INT8 = "efficientnet_lite0", "efficientnet_lite0-fp32", "efficientnet_
 EXPECTED = {"chelsea": 282, "coffee": 967}  # as the service prepares them (tests/test_v2_http.py)
 
 
+RUNTIMES = ("haproxy+admission-front", "serve-python-proxy")  # as /v1/models' `ingress.runs` names them
+
+
+@pytest.fixture(scope="module", params=RUNTIMES)
+def app(
+    request: pytest.FixtureRequest, local_app: ServeDeployer, model_files: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServeDeployer | PythonProxyApp]:
+    """The app on each ingress: the session's (HAProxy), or a `serve run` of its own without serve.env."""
+    if request.param == "haproxy+admission-front":
+        yield local_app
+        return
+    with PythonProxyApp(model_files, tmp_path_factory.mktemp("python-proxy")) as started:
+        yield started
+
+
 @pytest.fixture(scope="module")
-def client(local_app: ServeDeployer) -> triton.InferenceServerClient:
-    return triton.InferenceServerClient(local_app.grpc_url)
+def client(app: ServeDeployer | PythonProxyApp) -> triton.InferenceServerClient:
+    return triton.InferenceServerClient(app.grpc_url)
 
 
 def bytes_input(photos: list[str], shape: list[int] | None = None) -> triton.InferInput:
@@ -64,7 +82,7 @@ def test_unknown_model_is_not_found(client: triton.InferenceServerClient) -> Non
 
 
 def test_infer_with_jpeg_bytes_and_with_pixels_gives_the_rest_answer(
-    client: triton.InferenceServerClient, local_app: ServeDeployer
+    client: triton.InferenceServerClient, app: ServeDeployer | PythonProxyApp
 ) -> None:
     result = client.infer(FP32, [bytes_input(list(EXPECTED), [2, 1])], request_id="r1")
     assert [top1(result, i) for i in range(2)] == list(EXPECTED.values())
@@ -79,7 +97,7 @@ def test_infer_with_jpeg_bytes_and_with_pixels_gives_the_rest_answer(
     probs = by_pixels.as_numpy("probabilities")
     assert probs.shape == (2, 1000) and list(probs.argmax(axis=1)) == list(EXPECTED.values())
     rest = httpx.post(
-        f"{local_app.url}/v1/classify?top_k=1",
+        f"{app.url}/v1/classify?top_k=1",
         content=sample_bytes("chelsea"),
         headers={"Content-Type": "image/jpeg", "X-Model-Variant": "fp32"},
         timeout=30,

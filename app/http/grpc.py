@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import Headers
-from tritonclient.grpc import service_pb2 as pb
 
 from app import __version__
 from app.config import AppArgs
@@ -26,6 +25,7 @@ from app.http.v2_operations import Outputs, V2Operations
 from app.pipeline.routing import Choice
 from app.protocol import v2
 from app.protocol.v2 import grpc as v2_grpc
+from app.protocol.v2.pb import grpc_service_pb2 as pb
 
 if TYPE_CHECKING:
     from app.http.routes import RPC

@@ -15,6 +15,8 @@ from typing import Any
 from ray import serve
 from ray.serve._private.common import ReplicaState  # Ray 2.60: the RUNNING state in serve.status()
 
+from app.protocol.v2.pb import SERVICER
+
 
 def replica_id() -> str:
     """This replica's id (public API), or "local" outside a replica."""
@@ -136,8 +138,7 @@ def render_haproxy_config(directory: Path, host: str, ports: dict[str, int], bac
     )
     cfg.http_options.host, cfg.http_options.port = host, ports["http"]
     cfg.grpc_options.port = ports["grpc"]
-    servicer = "tritonclient.grpc.service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server"  # as configs/ name it
-    cfg.grpc_options.grpc_servicer_functions = [servicer]  # in the rendered config, a non-empty list turns gRPC on
+    cfg.grpc_options.grpc_servicer_functions = [SERVICER]  # as configs/ name it; a non-empty list turns gRPC on
     configs = {
         b.name: BackendConfig(
             b.name,

@@ -1,8 +1,10 @@
 """The Open Inference Protocol over gRPC: the pure half, from and to the protocol's own messages.
 
 The messages are Triton's `inference.GRPCInferenceService` (grpc_service.proto, the superset of KServe's
-grpc_predict_v2.proto that adds ModelConfig and ModelStatistics), as generated in Triton's own client
-package (`tritonclient.grpc.service_pb2`), so the wire format is the one its clients and perf_analyzer speak.
+grpc_predict_v2.proto that adds ModelConfig and ModelStatistics), generated under the app's own package
+(app/protocol/v2/pb/, by `python -m app.ops.proto_gen` from the descriptors compiled into Triton's own client
+package), so the wire format is the one its clients and perf_analyzer speak, and each message pickles by reference
+(what Serve's Python gRPC proxy does to hand a request to a replica).
 
 A gRPC request is turned into the same `InferRequest` the REST endpoint parses (`app.protocol.v2.parse_infer_doc`),
 so both protocols share every check, limit and error; the answer goes back as `raw_output_contents`, as
@@ -24,14 +26,13 @@ from typing import Any
 import grpc
 import numpy as np
 from google.protobuf import json_format
-from tritonclient.grpc import service_pb2 as pb
 
 from app.config import Limits
 from app.errors import RETRY_AFTER_S, ServiceError
 from app.protocol import v2
+from app.protocol.v2.pb import grpc_service_pb2 as pb
 
 SERVICE = "inference.GRPCInferenceService"
-SERVICER = "tritonclient.grpc.service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server"
 
 # HTTP status of the one table (app/errors.py) -> gRPC status code.
 GRPC_CODES: dict[int, grpc.StatusCode] = {
