@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import http.server
 import json
+import logging
 import os
 import shutil
 import socket
@@ -451,3 +452,42 @@ def test_a_routers_report_of_the_fronts_it_saw() -> None:
     assert report.unreported() == 2 and report.unreported() == 0
     report.saw(None)
     assert report.unreported() == 1 and report.describe()["requests_without_front"] == 3
+
+
+def test_a_router_says_which_ingress_it_is_behind_and_what_of_serve_env_is_in_force(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """FrontReport's `ingress`: read from the Router's environment against configs/serve.env, logged at start."""
+    from app.config import read_serve_env
+    from app.http.front_report import FrontReport, ingress_of, serve_env_state
+
+    wanted = read_serve_env()
+    front = {**wanted, "RAY_SERVE_HAPROXY_BINARY_PATH": "/opt/venv/bin/app-haproxy"}
+    assert ingress_of(front) == "haproxy+admission-front"
+    assert ingress_of({**wanted, "RAY_SERVE_HAPROXY_BINARY_PATH": "/usr/sbin/haproxy"}) == "haproxy"
+    assert ingress_of(wanted) == "haproxy"  # HAProxy on, Serve's own binary
+    assert ingress_of({}) == ingress_of({"RAY_SERVE_ENABLE_HA_PROXY": "0"}) == "serve-python-proxy"
+
+    full = serve_env_state(front)
+    assert full["read"] and full["in_force"] == sorted(wanted) and full["missing"] == [] and full["differs"] == {}
+    partial = {k: v for k, v in wanted.items() if k != "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"}
+    partial["RAY_SERVE_HAPROXY_NBTHREAD"] = "4"
+    state = serve_env_state(partial)
+    assert state["missing"] == ["RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"]
+    assert state["differs"] == {"RAY_SERVE_HAPROXY_NBTHREAD": {"serve_env": "1", "set": "4"}}
+    assert "RAY_SERVE_HAPROXY_NBTHREAD" not in state["in_force"] and len(state["in_force"]) == len(wanted) - 2
+    absent = serve_env_state({}, tmp_path / "serve.env")
+    assert not absent["read"] and absent["missing"] == [] and "serve.env" in absent["error"]
+
+    with caplog.at_level(logging.INFO, logger="ray.serve"):
+        bare = FrontReport(Front(), environ={"PATH": "/usr/bin"})
+    assert bare.ingress["runs"] == "serve-python-proxy"
+    assert bare.ingress["serve_env"]["missing"] == sorted(wanted) and bare.ingress["serve_env"]["in_force"] == []
+    (line,) = [r for r in caplog.records if r.getMessage().startswith("ingress:")]
+    assert line.levelno == logging.WARNING and "serve-python-proxy" in line.getMessage()
+    assert "RAY_SERVE_ENABLE_HA_PROXY" in line.getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="ray.serve"):
+        FrontReport(Front(), environ=front)
+    (line,) = [r for r in caplog.records if r.getMessage().startswith("ingress:")]
+    assert line.levelno == logging.INFO and "haproxy+admission-front; every setting" in line.getMessage()

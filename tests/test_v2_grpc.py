@@ -1,7 +1,8 @@
 """The Open Inference Protocol over real gRPC, driven by tritonclient.grpc, a real, unmodified client, on both of
 Serve's ingresses: HAProxy with the admission front (configs/serve.env, the session's app) and Serve's Python proxy
 (`serve run` on a plain Ray, which pickles each request to hand it to a Router: the messages are the app's own,
-app/protocol/v2/pb/); and Triton's own perf_analyzer over HTTP and gRPC."""
+app/protocol/v2/pb/); what each says it runs (/v1/models `ingress`, the Router's log); and Triton's own
+perf_analyzer over HTTP and gRPC."""
 
 from __future__ import annotations
 
@@ -139,6 +140,26 @@ def test_errors_are_grpc_status_codes(client: triton.InferenceServerClient) -> N
     assert _status(lambda: client.infer(AB, [bytes_input(["chelsea"])], headers=forged))[0] == (
         "StatusCode.INVALID_ARGUMENT"
     )
+
+
+def test_each_ingress_says_what_it_runs(app: ServeDeployer | PythonProxyApp) -> None:
+    """/v1/models' `ingress`: the runtime, and configs/serve.env's settings in force or missing; a Router started
+    without them says so in its log too."""
+    from app.config import read_serve_env
+
+    ingress = httpx.get(app.url + "/v1/models", timeout=10).json()["ingress"]
+    serve_env = ingress["serve_env"]
+    assert serve_env["read"] and serve_env["differs"] == {}
+    if isinstance(app, ServeDeployer):
+        assert ingress["runs"] == "haproxy+admission-front"
+        assert serve_env["in_force"] == sorted(read_serve_env()) and serve_env["missing"] == []
+        return
+    assert ingress["runs"] == "serve-python-proxy"
+    assert serve_env["missing"] == sorted(read_serve_env()) and serve_env["in_force"] == []
+    line = wait_until(
+        lambda: [ln for ln in app.log().splitlines() if "ingress: serve-python-proxy" in ln], 30, 0.5, "the log line"
+    )
+    assert "RAY_SERVE_ENABLE_HA_PROXY" in line[0] and "missing" in line[0]
 
 
 def test_a_message_over_the_limit_is_refused_before_the_router(local_app: ServeDeployer) -> None:

@@ -1,4 +1,10 @@
-"""What a Router knows of the admission front before it (app/front/): never silent about whether it is there.
+"""What a Router knows of the ingress before it: never silent about which it is, nor about the admission front.
+
+At start (`ingress_of`, `serve_env_state`, logged once, in /v1/models as `ingress`): which ingress Serve runs, read
+from this process's environment, which Ray hands every process of the cluster alike: HAProxy with the admission
+front (app/front/, `haproxy+admission-front`), plain HAProxy (`haproxy`), or Serve's Python proxy
+(`serve-python-proxy`, Ray's default: a cluster started without configs/serve.env); and which of configs/serve.env's
+settings are in force, missing, or set otherwise.
 
 Each request that came through the front carries X-App-Front (set by HAProxy, replacing any a client sent): the
 HAProxy's host and its limits. The Router keeps, per HAProxy host, the limits last seen and when, counts the
@@ -10,18 +16,50 @@ it per HAProxy, and a front whose limits differ from the config is logged once.
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
+from app.config import SERVE_ENV, read_serve_env
 from app.front.haproxy_config import Front, parse_header
 
 logger = logging.getLogger("ray.serve")
 STALE_S = 60.0  # an HAProxy not seen for this long is reported inactive
+FRONT_BINARY = "app-haproxy"  # the admission front's script (pyproject's [project.scripts])
+
+
+def ingress_of(environ: Mapping[str, str]) -> str:
+    """The ingress Serve runs in a cluster whose processes have this environment."""
+    if environ.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
+        return "serve-python-proxy"
+    binary = environ.get("RAY_SERVE_HAPROXY_BINARY_PATH", "")
+    return "haproxy+admission-front" if Path(binary).name == FRONT_BINARY else "haproxy"
+
+
+def serve_env_state(environ: Mapping[str, str], path: Path = SERVE_ENV) -> dict[str, Any]:
+    """configs/serve.env against this environment: its settings in force, missing, and set to another value."""
+    try:
+        wanted = read_serve_env(path)
+    except OSError as e:  # an install without the repository's configs/ (the RayService sets it from the Pod spec)
+        return {"file": str(path), "read": False, "error": str(e), "in_force": [], "missing": [], "differs": {}}
+    return {
+        "file": str(path),
+        "read": True,
+        "in_force": sorted(k for k, v in wanted.items() if environ.get(k) == v),
+        "missing": sorted(k for k in wanted if k not in environ),
+        "differs": {
+            k: {"serve_env": v, "set": environ[k]} for k, v in sorted(wanted.items()) if environ.get(k, v) != v
+        },
+    }
 
 
 class FrontReport:
-    def __init__(self, configured: Front) -> None:
+    def __init__(self, configured: Front, environ: Mapping[str, str] = os.environ, serve_env: Path = SERVE_ENV) -> None:
+        self.ingress: dict[str, Any] = {"runs": ingress_of(environ), "serve_env": serve_env_state(environ, serve_env)}
+        self._log_ingress()
         self.configured = {k: str(v) for k, v in asdict(configured).items() if k != "retry_after_s"}
         self.haproxies: dict[str, tuple[dict[str, str], float]] = {}  # host -> (limits, last seen, monotonic)
         self.without = 0  # requests that came without the header
@@ -57,6 +95,23 @@ class FrontReport:
                 {k: parsed.get(k) for k in differs},
                 {k: self.configured[k] for k in differs},
             )
+
+    def _log_ingress(self) -> None:
+        runs, env = self.ingress["runs"], self.ingress["serve_env"]
+        if not env["read"]:
+            logger.info("ingress: %s; %s not read (%s)", runs, env["file"], env["error"])
+        elif env["missing"] or env["differs"]:
+            logger.warning(
+                "ingress: %s; of %s, %d settings are in force, %s missing%s: start every Ray node with it in its "
+                "environment (README \"Production\")",
+                runs,
+                env["file"],
+                len(env["in_force"]),
+                ", ".join(env["missing"]) or "none",
+                f", set otherwise: {env['differs']}" if env["differs"] else "",
+            )
+        else:
+            logger.info("ingress: %s; every setting of %s is in force", runs, env["file"])
 
     def unreported(self) -> int:
         """Requests without the front since the last call (the metric's increment)."""

@@ -205,6 +205,7 @@ class V1:
                 "variants": variants,
                 "routing": routing,
                 "limits": self.limits.model_dump(),
+                "ingress": self.front.ingress,
                 "admission_front": self.front.describe(),
                 **summary,
             }

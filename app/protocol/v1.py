@@ -443,6 +443,27 @@ class FrontSeen(_Body):
     differs_from_config: list[str] = Field(description="the limits that are not this app's args.front")
 
 
+class ServeEnvState(_Body):
+    """configs/serve.env against the Router's environment (Ray hands every process of the cluster the same)."""
+
+    file: str
+    read: bool = Field(description="false: the file is not beside this install (its error says why)")
+    error: str | None = None
+    in_force: list[str] = Field(description="its settings set to its value")
+    missing: list[str] = Field(description="its settings not set at all: Serve's defaults run instead")
+    differs: dict[str, dict[str, str]] = Field(description="its settings set otherwise: {serve_env, set}")
+
+
+class Ingress(_Body):
+    """Which ingress Serve runs before this Router, as its environment says."""
+
+    runs: Literal["haproxy+admission-front", "haproxy", "serve-python-proxy"] = Field(
+        description="HAProxy with the admission front (app-haproxy), plain HAProxy, or Serve's Python proxy "
+        "(RAY_SERVE_ENABLE_HA_PROXY unset: a cluster started without configs/serve.env)"
+    )
+    serve_env: ServeEnvState
+
+
 class AdmissionFront(_Body):
     """The admission front (app/front/) as this Router's requests showed it: per HAProxy host."""
 
@@ -460,6 +481,7 @@ class ModelsResponse(_Body):
     variants: dict[str, VariantInfo | VariantUnreachable]
     routing: RoutingInfo
     limits: Limits
+    ingress: Ingress
     admission_front: AdmissionFront
     router_replica_id: str
     cancelled_requests: int
