@@ -305,7 +305,9 @@ def test_a_slow_body_waits_in_haproxy_and_never_reaches_a_router(fronted: tuple[
         assert status.startswith(b"HTTP/1.1 408") and b"application/json" in status.lower()
         assert json.loads(payload) == json.loads(body) and 0.5 < took < 5
     assert held.seen == []  # the Router never saw them: no place was taken
-    # a whole body passes, with the front's header replacing the client's own
+    # a whole body passes, with the front's header replacing the client's own; the Router answers at once (unreleased,
+    # it would hold the request for as long as the client waits: a race between its 10 s and the client's)
+    held.release.set()
     ok = httpx.post(url + "/v1/classify", content=b"x" * 40_000, headers={HEADER: "host=forged"}, timeout=10)
     assert ok.status_code == 200
     path, headers, size = held.seen[-1]
