@@ -64,8 +64,11 @@ def test_a_truncated_engine_in_the_cache_is_set_aside_and_the_start_goes_on(
         def __init__(self, path: str, opts: RuntimeOptions, choice: EngineChoice) -> None:
             present = sorted(p.name for p in cache.glob("*.engine"))
             attempts.append(present)
-            if present:
-                raise ModelLoadError("TensorRT EP could not deserialize engine from cache")
+            if present:  # ORT's wording (tensorrt_execution_provider.cc), as OrtEngine passes it on
+                raise ModelLoadError(
+                    f"cannot load model {path} on ['TensorrtExecutionProvider']: [ONNXRuntimeError] : 6 : "
+                    f"RUNTIME_EXCEPTION : TensorRT EP could not deserialize engine from cache: {cache / present[0]}"
+                )
             cpu_only = EngineChoice("cpu", (Provider(CPU),), {})
             super().__init__(path, opts, cpu_only)
 
@@ -73,11 +76,49 @@ def test_a_truncated_engine_in_the_cache_is_set_aside_and_the_start_goes_on(
     engine = select.build(str(model_files.fp32), RuntimeOptions(), _choice(cache))
     assert attempts == [["TensorrtExecutionProvider_TRTKernel_graph_main_1_0_0_sm90.engine"], []]
     assert engine.spec.input_name  # a real session, built on the second try
-    assert sorted(p.name for p in (cache / "rejected").iterdir()) == [
+    rejected = sorted(p.name for p in (cache / "rejected").iterdir())
+    assert [n.rsplit(".", 1)[0] for n in rejected] == [
         "TensorrtExecutionProvider_TRTKernel_graph_main_1_0_0_sm90.engine",
         "TensorrtExecutionProvider_TRTKernel_graph_main_1_0_0_sm90.profile",
     ]
     assert not list(cache.glob("*.engine")) and (cache / ".build.lock").is_file()
+
+
+def test_setting_aside_twice_keeps_both_rejected_copies(tmp_path: Path) -> None:
+    cache = tmp_path / "key"
+    cache.mkdir()
+    name = "TensorrtExecutionProvider_TRTKernel_graph_main_1_0_0_sm90.engine"
+    for content in (b"first", b"second"):
+        (cache / name).write_bytes(content)
+        assert select._set_aside_cached_engines(_choice(cache), ModelLoadError("could not deserialize"))
+    kept = sorted((cache / "rejected").iterdir())
+    assert len(kept) == 2 and {p.read_bytes() for p in kept} == {b"first", b"second"}
+    assert all(p.name.startswith(name + ".") for p in kept)
+
+
+def test_another_load_error_is_raised_and_leaves_the_cached_engines_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_files: Any
+) -> None:
+    """On a shared cache one Pod's trouble (its GPU out of memory) must not throw away the fleet's engines."""
+    cache = tmp_path / "key"
+    cache.mkdir()
+    engine = cache / "TensorrtExecutionProvider_TRTKernel_graph_main_1_0_0_sm90.engine"
+    engine.write_bytes(b"a good engine")
+    calls: list[int] = []
+
+    class OutOfMemory(select.OrtEngine):  # type: ignore[misc]
+        def __init__(self, path: str, opts: RuntimeOptions, choice: EngineChoice) -> None:
+            calls.append(1)
+            raise ModelLoadError(
+                f"cannot load model {path} on ['TensorrtExecutionProvider']: [ONNXRuntimeError] : 6 : "
+                "RUNTIME_EXCEPTION : CUDA failure 2: out of memory"
+            )
+
+    monkeypatch.setattr(select, "OrtEngine", OutOfMemory)
+    with pytest.raises(ModelLoadError, match="out of memory"):
+        select.build(str(model_files.fp32), RuntimeOptions(), _choice(cache))
+    assert calls == [1]
+    assert engine.read_bytes() == b"a good engine" and not (cache / "rejected").exists()
 
 
 def test_a_failure_with_nothing_cached_is_the_failure(

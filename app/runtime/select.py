@@ -11,6 +11,7 @@ import logging
 import os
 import platform
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,14 +212,27 @@ def build(path: str, opts: RuntimeOptions, choice: EngineChoice) -> Engine:
             return OrtEngine(path, opts, choice)
         except ModelLoadError as e:
             # ORT writes an engine in place: a replica killed mid-build leaves a truncated file that every
-            # later start would load and fail on. Set the cached engines aside and build once more.
-            if not _set_aside_cached_engines(choice, e):
+            # later start would load and fail on. Set the cached engines aside and build once more, but only
+            # when TensorRT said it could not deserialise them: on a shared cache any other failure (this GPU
+            # out of memory, a missing builder library, a bad option) is this Pod's, not the engines'.
+            if not engine_unreadable(e) or not _set_aside_cached_engines(choice, e):
                 raise
             return OrtEngine(path, opts, choice)
 
 
+# What ORT's TensorRT EP says when a cached engine does not load ("TensorRT EP could not deserialize engine
+# from cache: <path>", tensorrt_execution_provider.cc); matched loosely, the rest of the wording may change.
+DESERIALIZE_FAILED = "deserializ"
+
+
+def engine_unreadable(error: Exception) -> bool:
+    """The load failed on a cached engine TensorRT could not deserialise (truncated, or from another build)."""
+    return DESERIALIZE_FAILED in str(error).lower()
+
+
 def _set_aside_cached_engines(choice: EngineChoice, error: Exception) -> bool:
-    """Move the TensorRT engine files of `choice`'s cache into `rejected/` (kept to look at); False if none."""
+    """Move the TensorRT engine files of `choice`'s cache into `rejected/` (kept to look at, each under its name
+    and the time it was set aside); False if none."""
     trt = next((p for p in choice.providers if p.name == TENSORRT), None)
     if trt is None:
         return False
@@ -228,8 +242,10 @@ def _set_aside_cached_engines(choice: EngineChoice, error: Exception) -> bool:
         return False
     rejected = cache / "rejected"
     rejected.mkdir(exist_ok=True)
+    # Each setting-aside keeps its own copies (a second one must not overwrite the first's evidence).
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     for f in found:
-        f.replace(rejected / f.name)
+        f.replace(_unused(rejected / f"{f.name}.{stamp}"))
     logger.warning(
         "TensorRT engine cache %s: loading failed (%s); %d cached file(s) set aside in %s, building afresh",
         cache,
@@ -238,6 +254,16 @@ def _set_aside_cached_engines(choice: EngineChoice, error: Exception) -> bool:
         rejected,
     )
     return True
+
+
+def _unused(path: Path) -> Path:
+    """`path`, or `path.1`, `path.2`... the first that does not exist yet."""
+    n = 0
+    candidate = path
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
 
 
 def check_int8_placement(variant: str, opts: RuntimeOptions, engine: Engine) -> None:
