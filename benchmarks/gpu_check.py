@@ -165,7 +165,7 @@ def start(
     """Create a session and call it once at the smallest batch (both timed); with `timing`, time every batch;
     with `agree`, the logits of those images too."""
     from app.runtime.ort_engine import OrtEngine
-    from app.runtime.select import build
+    from app.runtime.select import build, engine_files_state
 
     t0 = time.perf_counter()
     engine = build(path, opts, choice)  # the server's way: TensorRT builds under the cache's lock
@@ -178,6 +178,7 @@ def start(
         out: dict[str, Any] = {"session_s": session_s, "first_call_ms": (time.perf_counter() - t0) * 1000}
         out["first_call_batch"] = len(x)
         out |= {"engine_cache": cache_files(Path(opts.tensorrt.cache_dir)), **engine.describe()}
+        out["engine_files_state"] = engine_files_state(Path(opts.tensorrt.cache_dir))
         out["placement"] = engine.placement  # provider -> the nodes it ran
         if timing is not None:
             out["batches"] = [measure_batch(engine.logits, engine.dummy_batch(n), timing) for n in batches]
@@ -252,8 +253,9 @@ def _measure(
         "nodes_per_provider": cold["nodes_per_provider"],
         "not_on_intended": [f"{ep}: {node}" for ep, nodes in placement.items() if ep != intended for node in nodes],
         "cached_placement_same": placement == cached["placement"],
-        # TensorRT: a cached start that wrote engine files again rebuilt instead of loading the cold start's engine
-        "cached_start_rebuilt": cached["engine_cache"]["files"] > cold["engine_cache"]["files"],
+        # TensorRT: a cached start that added or rewrote an engine file (ORT rewrites a rebuilt engine under the
+        # same name: size, mtime or inode differ) rebuilt instead of loading the cold start's engine
+        "cached_start_rebuilt": cached.pop("engine_files_state", {}) != cold.pop("engine_files_state", {}),
         "batches": batches,
         "max_images_per_s": max(b["images_per_s"] for b in batches),
     }

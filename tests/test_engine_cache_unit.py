@@ -172,3 +172,20 @@ def test_other_lock_errors_still_fail_the_build(
     monkeypatch.setattr(select.fcntl, "flock", interrupted)
     with pytest.raises(OSError, match="Input/output error"):
         select.build(str(model_files.fp32), RuntimeOptions(), _choice(tmp_path / "eio"))
+
+
+def test_the_engine_files_state_tells_a_rewrite_under_the_same_name(tmp_path: Path) -> None:
+    """What build-engines and benchmarks/gpu_check.py compare: a rebuilt engine keeps its name, not its state."""
+    key = tmp_path / "key"
+    (key / "rejected").mkdir(parents=True)
+    (key / "rejected" / "old.engine").write_bytes(b"set aside")
+    (key / "timing.cache").write_bytes(b"not an engine")
+    engine = key / "TensorrtExecutionProvider_TRTKernel_graph_main_1_0_0_sm90.engine"
+    engine.write_bytes(b"engine")
+    before = select.engine_files_state(tmp_path)
+    assert list(before) == ["key/TensorrtExecutionProvider_TRTKernel_graph_main_1_0_0_sm90.engine"]
+    assert select.engine_files_state(tmp_path) == before  # read, not written: the same
+    (key / "new").write_bytes(b"engine")  # the same size, written again under the same name
+    (key / "new").replace(engine)
+    assert select.engine_files_state(tmp_path) != before
+    assert select.engine_files_state(tmp_path / "absent") == {}

@@ -2,12 +2,14 @@
 
 TensorRT cannot load here, so the dry run and the refusal run as they are, and the one test that builds stands
 a CPU-only session in for the TensorRT one (as tests/test_engine_cache_unit.py does): what it checks is which
-model file, options and cache directory each build opens, under the build lock, and that each is opened once.
+model file, options and cache directory each build opens, with the build lock held, that each is opened once,
+and that a rebuild under the same file name is not reported as a load.
 """
 
 from __future__ import annotations
 
 import copy
+import fcntl
 import json
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from app.config import AppArgs
 from app.models.prologue import served_model
 from app.runtime import prebuild, select
 from app.runtime.__main__ import main
+from app.runtime.ort_engine import OrtEngine
 from app.runtime.plan import CPU, TENSORRT, EngineChoice, Provider, RuntimeOptions
 
 REPO = Path(__file__).resolve().parent.parent
@@ -105,6 +108,43 @@ def test_without_tensorrt_it_refuses_in_one_line(capsys: pytest.CaptureFixture[s
     assert "libnvinfer.so.10" in lines[0] and "--dry-run" in lines[0]
 
 
+ENGINE = "TensorrtExecutionProvider_TRTKernel_graph_main_1_0_0_sm89.engine"
+
+
+def _lock_is_held(cache: Path) -> bool:
+    """Another open file's non-blocking flock on the build lock is refused: someone holds it."""
+    with open(cache / ".build.lock", "w") as other:
+        try:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(other, fcntl.LOCK_UN)
+        return False
+
+
+def _tensorrt_stand_in(
+    opened: list[tuple[str, RuntimeOptions, EngineChoice]], rebuild: bool = False
+) -> type[OrtEngine]:
+    """ORT's TensorRT EP as the cache sees it: with no engine cached it builds one (writes the file); with one
+    cached it loads it (reads it, leaves it as it is), or, with `rebuild`, writes it again under the same name."""
+
+    class TensorRTStandIn(OrtEngine):
+        def __init__(self, path: str, opts: RuntimeOptions, choice: EngineChoice) -> None:
+            opened.append((path, opts, choice))
+            cache = Path(choice.providers[0].options["trt_engine_cache_path"])
+            assert _lock_is_held(cache)  # opened under the replicas' build lock
+            engine = cache / ENGINE
+            if engine.is_file() and not rebuild:
+                engine.read_bytes()
+            else:
+                tmp = cache / "rewritten"
+                tmp.write_bytes(b"engine, built again" if engine.is_file() else b"engine")
+                tmp.replace(engine)  # a new inode whatever the file system's mtime granularity
+            super().__init__(path, opts, EngineChoice("cpu", (Provider(CPU),), {}))
+
+    return TensorRTStandIn
+
+
 def test_each_build_opens_its_engine_as_the_replica_would(
     model_files: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -112,25 +152,31 @@ def test_each_build_opens_its_engine_as_the_replica_would(
     engine file, as ORT's TensorRT EP does into trt_engine_cache_path); the rest is the real build path."""
     monkeypatch.setenv("APP_TRT_CACHE_DIR", str(tmp_path))
     opened: list[tuple[str, RuntimeOptions, EngineChoice]] = []
-
-    class TensorRTStandIn(select.OrtEngine):  # type: ignore[misc]
-        def __init__(self, path: str, opts: RuntimeOptions, choice: EngineChoice) -> None:
-            opened.append((path, opts, choice))
-            cache = Path(choice.providers[0].options["trt_engine_cache_path"])
-            assert (cache / ".build.lock").is_file()  # opened under the replicas' build lock
-            (cache / "TensorrtExecutionProvider_TRTKernel_graph_main_1_0_0_sm89.engine").write_bytes(b"engine")
-            super().__init__(path, opts, EngineChoice("cpu", (Provider(CPU),), {}))
-
-    monkeypatch.setattr(select, "OrtEngine", TensorRTStandIn)
+    monkeypatch.setattr(select, "OrtEngine", _tensorrt_stand_in(opened))
     builds = prebuild.engine_builds(_with_models(_prod(), model_files), KEY)
     results = [prebuild.run_build(b, [TENSORRT, CPU]) for b in builds]
     assert len(opened) == 2  # FP32 once, for its replicas and the gate alike
     for (path, opts, choice), b in zip(opened, builds, strict=True):
         assert path == b.model_path and opts == b.opts
         assert choice.engine == "tensorrt" and choice.providers[0] == b.provider  # the replica's own options
+        assert not _lock_is_held(Path(b.cache_dir))  # and let go after
     assert [r["loaded_from_cache"] for r in results] == [False, False]
-    assert all(
-        r["engine_files"] == ["TensorrtExecutionProvider_TRTKernel_graph_main_1_0_0_sm89.engine"] for r in results
-    )
+    assert all(r["engine_files"] == [ENGINE] for r in results)
     again = prebuild.run_build(builds[1], [TENSORRT, CPU])  # a second run finds the engine where it left it
     assert again["loaded_from_cache"] is True
+
+
+def test_an_engine_rewritten_under_the_same_name_is_reported_rebuilt(
+    model_files: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """ORT rewrites a rebuilt engine under its old name: the same file names before and after are not a load."""
+    monkeypatch.setenv("APP_TRT_CACHE_DIR", str(tmp_path))
+    opened: list[tuple[str, RuntimeOptions, EngineChoice]] = []
+    builds = prebuild.engine_builds(_with_models(_prod(), model_files), KEY)
+    monkeypatch.setattr(select, "OrtEngine", _tensorrt_stand_in(opened))
+    first = prebuild.run_build(builds[1], [TENSORRT, CPU])
+    monkeypatch.setattr(select, "OrtEngine", _tensorrt_stand_in(opened, rebuild=True))
+    again = prebuild.run_build(builds[1], [TENSORRT, CPU])
+    assert first["engine_files"] == again["engine_files"] == [ENGINE]
+    assert again["loaded_from_cache"] is False
+    assert (Path(builds[1].cache_dir) / ENGINE).read_bytes() == b"engine, built again"

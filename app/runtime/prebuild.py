@@ -21,7 +21,7 @@ from app.config import AppArgs, ClassifierConfig, classifier_deployment_name, va
 from app.runtime import threads_for
 from app.runtime.ort_engine import missing_libraries, ort_version, tensorrt_version, usable_providers
 from app.runtime.plan import TENSORRT, PlanError, Provider, RuntimeOptions, engine_build_key, plan_engines
-from app.runtime.select import ENGINE_FILES, build, gpu_name, model_sha256, tensorrt_for
+from app.runtime.select import build, engine_files_state, gpu_name, model_sha256, tensorrt_for
 
 
 class BuildRefused(RuntimeError):
@@ -130,7 +130,7 @@ def check_tensorrt_here() -> list[str]:
 def run_build(b: EngineBuild, usable: list[str]) -> dict[str, Any]:
     """Open `b` as its replica would (the TensorRT EP builds or loads the engine), then close it."""
     cache = Path(b.cache_dir)
-    before = {f.name for pattern in ENGINE_FILES for f in cache.glob(pattern)} if cache.is_dir() else set()
+    before = engine_files_state(cache)
     try:
         plan = plan_engines(b.variant, b.opts, usable, openvino=False, tensorrt=b.provider)
     except PlanError as e:
@@ -140,10 +140,11 @@ def run_build(b: EngineBuild, usable: list[str]) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     placement = engine.placement_counts()
     engine.close()
-    after = {f.name for pattern in ENGINE_FILES for f in cache.glob(pattern)}
+    after = engine_files_state(cache)
     return {
         **b.describe(),
         "engine_files": sorted(after),
+        # loaded: engines were there and none was written again (a rebuild keeps the names, not size/mtime/inode)
         "loaded_from_cache": bool(before) and after == before,
         "seconds": round(seconds, 1),
         "nodes_per_provider": placement,

@@ -204,6 +204,23 @@ def _build_lock(choice: EngineChoice) -> Iterator[None]:
 ENGINE_FILES = ("*.engine", "*.profile", "*_ctx.onnx")
 
 
+def engine_files_state(cache: Path) -> dict[str, tuple[int, int, int]]:
+    """Each engine file under `cache` (its path relative to `cache`; `rejected/` left out) with its size, mtime
+    (ns) and inode. ORT writes a rebuilt engine under the same name, so the names alone cannot tell a start that
+    loaded the engine from one that built it again: an unchanged state can."""
+    if not cache.is_dir():
+        return {}
+    state = {}
+    for pattern in ENGINE_FILES:
+        for f in cache.rglob(pattern):
+            rel = f.relative_to(cache)
+            if "rejected" in rel.parts[:-1] or not f.is_file():
+                continue
+            st = f.stat()
+            state[str(rel)] = (st.st_size, st.st_mtime_ns, st.st_ino)
+    return dict(sorted(state.items()))
+
+
 def build(path: str, opts: RuntimeOptions, choice: EngineChoice) -> Engine:
     if choice.engine == "openvino":
         return OpenVinoEngine(path, opts)
