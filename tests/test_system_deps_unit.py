@@ -42,10 +42,11 @@ class Machine:
         path.write_text(f"#!/bin/bash\n{body}\n")
         path.chmod(0o755)
 
-    def run(self, **env: str) -> subprocess.CompletedProcess[str]:
+    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
         variables = {"PATH": str(self.bin), "FAKE_LOG": str(self.log), "FAKE_LIBS": str(self.libs)}
         variables |= {"FAKE_BIN": str(self.bin), **env}
-        return subprocess.run(["/bin/bash", str(SCRIPT)], env=variables, capture_output=True, text=True, timeout=30)
+        command = ["/bin/bash", str(SCRIPT), *args]
+        return subprocess.run(command, env=variables, capture_output=True, text=True, timeout=30)
 
     def apt_calls(self) -> list[list[str]]:
         if not self.log.exists():
@@ -111,6 +112,14 @@ def test_without_privilege_one_line_names_the_packages_and_the_command(machine: 
     assert line.endswith("apt-get install -y prometheus wrk chromium libb64-0d")
 
 
+def test_check_only_names_what_is_missing_and_never_installs(machine: Machine) -> None:
+    machine.command("wrk")
+    done = machine.run("--check")  # as root, where the script would otherwise install
+    assert done.returncode == 1 and machine.apt_calls() == []
+    (line,) = done.stderr.splitlines()
+    assert line.endswith("apt-get update && apt-get install -y prometheus redis-server chromium libb64-0d")
+
+
 def test_a_package_still_missing_after_apt_get_fails(machine: Machine) -> None:
     machine.libs.write_text(machine.libs.read_text() + LIBB64)
     done = machine.run(FAKE_BROKEN="1")  # apt-get succeeds but puts no command on the PATH
@@ -124,8 +133,8 @@ def test_no_apt_get_says_so(machine: Machine) -> None:
 
 
 def test_this_machine_has_them_all() -> None:
-    """The real check on this machine's own PATH: the packages are installed here, so nothing is missing (and, as
-    nothing is installed, no privilege is needed)."""
+    """The real check on this machine's own PATH (`--check`: never installs, so a unit test cannot run apt-get): make
+    test's prerequisite installed them, so nothing is missing."""
     env = {**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin"}
-    done = subprocess.run(["/bin/bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(["/bin/bash", str(SCRIPT), "--check"], env=env, capture_output=True, text=True, timeout=30)
     assert (done.returncode, done.stderr) == (0, "")
