@@ -493,3 +493,16 @@ def test_a_router_says_which_ingress_it_is_behind_and_what_of_serve_env_is_in_fo
         FrontReport(Front(), environ=front)
     (line,) = [r for r in caplog.records if r.getMessage().startswith("ingress:")]
     assert line.levelno == logging.INFO and "haproxy+admission-front; every setting" in line.getMessage()
+    caplog.clear()
+    copy = tmp_path / "image" / "serve.env"  # an install without configs/: the image's copy, named by the variable
+    copy.parent.mkdir()
+    copy.write_text("RAY_SERVE_ENABLE_HA_PROXY=1\n")
+    with caplog.at_level(logging.INFO, logger="ray.serve"):
+        named = FrontReport(Front(), environ={**front, "APP_SERVE_ENV_FILE": str(copy)})
+        unread = FrontReport(Front(), environ={**front, "APP_SERVE_ENV_FILE": str(tmp_path / "none")})
+    assert named.ingress["serve_env"]["file"] == str(copy) and named.ingress["serve_env"]["in_force"] == [
+        "RAY_SERVE_ENABLE_HA_PROXY"
+    ]
+    assert not unread.ingress["serve_env"]["read"]
+    (line,) = [r for r in caplog.records if "not read" in r.getMessage()]
+    assert line.levelno == logging.WARNING and "APP_SERVE_ENV_FILE" in line.getMessage()

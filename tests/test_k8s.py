@@ -999,10 +999,14 @@ def test_the_image_builds_models_where_prod_yaml_looks_for_them() -> None:
 
 def test_the_build_context_is_only_what_the_dockerfile_copies() -> None:
     ignore = (K8S / "Dockerfile.dockerignore").read_text().split()
-    assert ignore[ignore.index("*") :][:5] == ["*", "!pyproject.toml", "!README.md", "!app/", "!configs/prod.yaml"]
+    allowed = ["!pyproject.toml", "!README.md", "!app/", "!configs/prod.yaml", "!configs/serve.env"]
+    assert ignore[ignore.index("*") :][:6] == ["*", *allowed]
     copied = [a for i, a in dockerfile(K8S / "Dockerfile") if i == "COPY"]
     sources = {s for c in copied for s in c.split()[:-1] if not s.startswith("--")}
-    assert sources == {"pyproject.toml", "README.md", "app", "configs/prod.yaml"}
+    assert sources == {"pyproject.toml", "README.md", "app", "configs/prod.yaml", "configs/serve.env"}
+    # the Routers compare the Pod's environment with the image's copy of serve.env (app/http/front_report.py)
+    env = dict(a.split("=", 1) for i, a in dockerfile(K8S / "Dockerfile") if i == "ENV" and a.startswith("APP_SERVE"))
+    assert env == {"APP_SERVE_ENV_FILE": "/home/ray/serve.env"}
 
 
 def test_the_image_builds_the_tensorrt_ready_int8_model() -> None:

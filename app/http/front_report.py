@@ -1,10 +1,14 @@
 """What a Router knows of the ingress before it: never silent about which it is, nor about the admission front.
 
 At start (`ingress_of`, `serve_env_state`, logged once, in /v1/models as `ingress`): which ingress Serve runs, read
-from this process's environment, which Ray hands every process of the cluster alike: HAProxy with the admission
-front (app/front/, `haproxy+admission-front`), plain HAProxy (`haproxy`), or Serve's Python proxy
+from this process's environment, which is its node's (`ray start`'s; Ray copies no variable between nodes): HAProxy
+with the admission front (app/front/, `haproxy+admission-front`), plain HAProxy (`haproxy`), or Serve's Python proxy
 (`serve-python-proxy`, Ray's default: a cluster started without configs/serve.env); and which of configs/serve.env's
-settings are in force, missing, or set otherwise.
+settings are in force, missing, or set otherwise. Serve's controller decides HAProxy or its Python proxy from the
+head node's environment and each node's proxy finds its HAProxy binary in its own: the report is exact when every
+node was started with the same environment (README "Production", the RayService's Pods), and a Router on a node
+started otherwise says so. The file is configs/serve.env, or `APP_SERVE_ENV_FILE` where the app is installed
+without the repository (the image sets it to its copy).
 
 Each request that came through the front carries X-App-Front (set by HAProxy, replacing any a client sent): the
 HAProxy's host and its limits. The Router keeps, per HAProxy host, the limits last seen and when, counts the
@@ -27,6 +31,7 @@ from app.config import SERVE_ENV, read_serve_env
 from app.front.haproxy_config import Front, parse_header
 
 logger = logging.getLogger("ray.serve")
+SERVE_ENV_FILE = "APP_SERVE_ENV_FILE"  # where serve.env is, for an install without the repository's configs/
 STALE_S = 60.0  # an HAProxy not seen for this long is reported inactive
 FRONT_BINARY = "app-haproxy"  # the admission front's script (pyproject's [project.scripts])
 
@@ -57,7 +62,10 @@ def serve_env_state(environ: Mapping[str, str], path: Path = SERVE_ENV) -> dict[
 
 
 class FrontReport:
-    def __init__(self, configured: Front, environ: Mapping[str, str] = os.environ, serve_env: Path = SERVE_ENV) -> None:
+    def __init__(
+        self, configured: Front, environ: Mapping[str, str] = os.environ, serve_env: Path | None = None
+    ) -> None:
+        serve_env = serve_env or Path(environ.get(SERVE_ENV_FILE) or SERVE_ENV)
         self.ingress: dict[str, Any] = {"runs": ingress_of(environ), "serve_env": serve_env_state(environ, serve_env)}
         self._log_ingress()
         self.configured = {k: str(v) for k, v in asdict(configured).items() if k != "retry_after_s"}
@@ -99,7 +107,13 @@ class FrontReport:
     def _log_ingress(self) -> None:
         runs, env = self.ingress["runs"], self.ingress["serve_env"]
         if not env["read"]:
-            logger.info("ingress: %s; %s not read (%s)", runs, env["file"], env["error"])
+            logger.warning(
+                "ingress: %s; %s not read (%s), so its settings are not checked: set %s to its path",
+                runs,
+                env["file"],
+                env["error"],
+                SERVE_ENV_FILE,
+            )
         elif env["missing"] or env["differs"]:
             logger.warning(
                 "ingress: %s; of %s, %d settings are in force, %s missing%s: start every Ray node with it in its "

@@ -444,7 +444,7 @@ class FrontSeen(_Body):
 
 
 class ServeEnvState(_Body):
-    """configs/serve.env against the Router's environment (Ray hands every process of the cluster the same)."""
+    """configs/serve.env against the Router's environment (its node's: Ray copies no variable between nodes)."""
 
     file: str
     read: bool = Field(description="false: the file is not beside this install (its error says why)")
