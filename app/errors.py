@@ -62,13 +62,14 @@ RETRY_AFTER_S = 1
 class ServiceError(Exception):
     """A failure with a stable machine-readable code and a human message."""
 
-    def __init__(self, code: str, message: str, variant: str | None = None) -> None:
+    def __init__(self, code: str, message: str, variant: str | None = None, allow: str | None = None) -> None:
         if code not in STATUS:
             raise ValueError(f"unknown error code {code!r}")
         super().__init__(message)
         self.code = code
         self.message = message
         self.variant = variant  # the variant that failed, where one did (metrics and the A/B ledger count it)
+        self.allow = allow  # a 405's methods (RFC 9110: the Allow header), where the path is known
 
     @property
     def status(self) -> int:
@@ -84,11 +85,13 @@ class ServiceError(Exception):
     def headers(self) -> dict[str, str]:
         if self.status == 401:
             return {"WWW-Authenticate": 'Bearer realm="admin"'}  # RFC 9110: a 401 names its scheme
+        if self.status == 405 and self.allow:
+            return {"Allow": self.allow}  # RFC 9110: a 405 names the methods the resource takes
         return {"Retry-After": str(RETRY_AFTER_S)} if self.retryable else {}
 
-    def __reduce__(self) -> tuple[type[ServiceError], tuple[str, str, str | None]]:
+    def __reduce__(self) -> tuple[type[ServiceError], tuple[str, str, str | None, str | None]]:
         # Crosses Ray's object store: keep it picklable with every field.
-        return (type(self), (self.code, self.message, self.variant))
+        return (type(self), (self.code, self.message, self.variant, self.allow))
 
 
 class ImageInputError(ServiceError):

@@ -233,6 +233,12 @@ class PythonProxyApp:
         )
 
     def __enter__(self) -> PythonProxyApp:
+        from benchmarks.server_process import port_open
+
+        # A leftover server from an aborted run must not answer in this one's place (nor make it wait for a port).
+        taken = [u for u in (self.url, "http://" + self.grpc_url) if port_open(u)]
+        if taken:
+            raise RuntimeError(f"something already listens at {taken}: a serve run left by an earlier test run?")
         self.server.start()
         try:
             self.server.wait_ready(self.url + "/readyz", 240)

@@ -114,3 +114,10 @@ def test_the_generators_rewrite_puts_protocs_output_under_the_package() -> None:
     assert "(DESCRIPTOR, 'app.protocol.v2.pb.grpc_service_pb2', _globals)" in text
     for name in proto_gen.GENERATED:  # the committed files are the generator's (its header)
         assert (proto_gen.OUT / name).read_text().startswith(text.splitlines()[0])
+
+
+def test_the_generator_without_grpcio_tools_says_how_to_get_them(capsys: pytest.CaptureFixture[str]) -> None:
+    from app.ops import proto_gen
+
+    assert proto_gen.main(["--check", "--tools-python", "/bin/false"]) == 2  # a Python that cannot import grpc_tools
+    assert "make proto" in capsys.readouterr().err

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import pickle
 import struct
 import zlib
 from typing import Any
@@ -131,6 +132,9 @@ def test_wrong_method_on_a_v2_path_is_405(method: str, path: str) -> None:
     with pytest.raises(ServiceError) as e:
         v2.match_v2_path(method, path)
     assert _code(e) == ("method_not_allowed", 405)
+    want = "POST" if path.endswith("/infer") else "GET"
+    assert e.value.headers() == {"Allow": want}  # RFC 9110: a 405 names what the resource takes
+    assert pickle.loads(pickle.dumps(e.value)).headers() == {"Allow": want}  # as it crosses Ray
 
 
 def test_server_metadata_lists_only_what_is_implemented() -> None:

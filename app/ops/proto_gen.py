@@ -89,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 when the committed files differ")
     ap.add_argument("--tools-python", default=sys.executable, help="a Python with grpcio-tools installed")
     args = ap.parse_args(argv)
+    if subprocess.run([args.tools_python, "-c", "import grpc_tools.protoc"], capture_output=True).returncode != 0:
+        print(
+            f"{args.tools_python} has no grpcio-tools: `make proto` makes .venv-protogen with grpcio-tools "
+            f"{GRPCIO_TOOLS}, or pass --tools-python PYTHON (e.g. .venv-protogen/bin/python ... --check)",
+            file=sys.stderr,
+        )
+        return 2
     files = generate(args.tools_python)
     stale = []
     for name, text in files.items():

@@ -90,7 +90,7 @@ def match_v2_path(method: str, path: str) -> tuple[str, dict[str, str]] | None:
         if m is None:
             continue
         if method.upper() != want:
-            raise ServiceError("method_not_allowed", f"{method} is not allowed on {path}; use {want}")
+            raise ServiceError("method_not_allowed", f"{method} is not allowed on {path}; use {want}", allow=want)
         params = {k: v or "" for k, v in m.groupdict().items()}
         return handler, params
     return None
