@@ -170,6 +170,12 @@ def x86_without_vnni(cpuinfo: str = "/proc/cpuinfo") -> bool:
 NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
+def engine_cache_dir(choice: EngineChoice) -> Path | None:
+    """The TensorRT engine cache directory `choice` builds into (None: it has no TensorRT provider)."""
+    trt = next((p for p in choice.providers if p.name == TENSORRT), None)
+    return None if trt is None else Path(trt.options["trt_engine_cache_path"])
+
+
 @contextlib.contextmanager
 def _build_lock(choice: EngineChoice) -> Iterator[None]:
     """Replicas building the same TensorRT engine take turns: the second loads the first's. On one node's disk and
@@ -177,11 +183,10 @@ def _build_lock(choice: EngineChoice) -> Iterator[None]:
     server as a whole-file lock, so Pods on other nodes wait too). Where the file system keeps no locks, the
     build goes on unlocked: two Pods may then build the same engine at once, and one that meets the other's
     half-written engine sets it aside and builds again (`build`)."""
-    trt = next((p for p in choice.providers if p.name == TENSORRT), None)
-    if trt is None:
+    cache = engine_cache_dir(choice)
+    if cache is None:
         yield
         return
-    cache = Path(trt.options["trt_engine_cache_path"])
     try:
         cache.mkdir(parents=True, exist_ok=True)
         lock = open(cache / ".build.lock", "w")  # noqa: SIM115 - held for the whole build
@@ -250,10 +255,9 @@ def engine_unreadable(error: Exception) -> bool:
 def _set_aside_cached_engines(choice: EngineChoice, error: Exception) -> bool:
     """Move the TensorRT engine files of `choice`'s cache into `rejected/` (kept to look at, each under its name
     and the time it was set aside); False if none."""
-    trt = next((p for p in choice.providers if p.name == TENSORRT), None)
-    if trt is None:
+    cache = engine_cache_dir(choice)
+    if cache is None:
         return False
-    cache = Path(trt.options["trt_engine_cache_path"])
     found = sorted({f for pattern in ENGINE_FILES for f in cache.glob(pattern)})
     if not found:
         return False
