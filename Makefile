@@ -4,7 +4,8 @@ STAMP := .venv/.installed
 TRITON_STAMP := .venv-triton/.installed
 PERF_ANALYZER := .perf_analyzer/bin/perf_analyzer
 KSERVE := .venv-kserve/.installed
-MODELS := models/efficientnet_lite0-fp32.onnx models/efficientnet_lite0-int8.onnx models/efficientnet_lite0-int8-trt.onnx
+MODELS := models/efficientnet_lite0-fp32.onnx models/efficientnet_lite0-int8.onnx models/efficientnet_lite0-int8-trt.onnx \
+          models/efficientnet_lite0-fp16.onnx
 
 .PHONY: install models serve status test lint bench overload fairness hostile autoscale soak k8s clean perf-analyzer system-deps proto
 
@@ -17,14 +18,20 @@ $(STAMP): pyproject.toml
 install: $(STAMP)   ## create .venv and install the project with its test and benchmark extras
 
 # The built-in model through the same commands as any model: its declaration is configs/local.yaml's args.model.
-# Each INT8 build gets its report beside it (models/<name>.report.{json,md}).
+# Each INT8 and FP16 build gets its report beside it (models/<name>.report.{json,md}).
 QUANTIZE := $(PY) -m app.models quantize --model models/efficientnet_lite0-fp32.onnx --config configs/local.yaml
-$(MODELS): | $(STAMP)
+FP32 := models/efficientnet_lite0-fp32.onnx
+$(FP32): | $(STAMP)
 	$(PY) -m app.models build
-	$(QUANTIZE) --output models/efficientnet_lite0-int8-trt.onnx --target tensorrt
-	$(QUANTIZE) --output models/efficientnet_lite0-int8.onnx
+# Each build its own rule: a missing one is built alone, the others kept.
+models/efficientnet_lite0-int8-trt.onnx: | $(FP32)
+	$(QUANTIZE) --output $@ --target tensorrt
+models/efficientnet_lite0-int8.onnx: | $(FP32)
+	$(QUANTIZE) --output $@
+models/efficientnet_lite0-fp16.onnx: | $(FP32)
+	$(QUANTIZE) --output $@ --target fp16
 
-models: $(MODELS)   ## FP32 + INT8 + TensorRT INT8 + their quality reports (models/), built once
+models: $(MODELS)   ## FP32 + INT8 + TensorRT INT8 + FP16 + their quality reports (models/), built once
 
 # Serve's environment: configs/serve.env, the admission front's limits from local.yaml's args.front, and the front
 # as Serve's HAProxy. Once the app is ready, a line says whether the front is in place (app/front/).

@@ -1,11 +1,14 @@
-"""Build the built-in model; quantize any model to INT8 as its config declares it; report what INT8 costs and buys.
+"""Build the built-in model; quantize any model to INT8 (or convert it to FP16) as its config declares it; report
+what the build costs and buys.
 
     python -m app.models build      # the built-in FP32 EfficientNet-Lite0 from the ImageNet weights, plus labels
     python -m app.models quantize --model FP32.onnx --config CONFIG.yaml --output INT8.onnx
                                     # INT8 by post-training static quantization, calibrated on images prepared as
                                     # CONFIG's args.model declares; then OUT's report (INT8.report.{json,md})
     python -m app.models quantize ... --target tensorrt   # the symmetric S8S8 INT8 that TensorRT can build
-    python -m app.models report --model FP32.onnx --int8 INT8.onnx --config CONFIG.yaml
+    python -m app.models quantize ... --target fp16       # FP16 for the CUDA EP on a GPU without TensorRT (no
+                                                          # calibration; app/models/fp16.py)
+    python -m app.models report --model FP32.onnx --int8 BUILD.onnx --config CONFIG.yaml   # --build: the same flag
 """
 
 from __future__ import annotations
@@ -29,9 +32,12 @@ BUILTIN_MODEL: dict[str, Any] = {
     "preprocess": {"resize_shorter": 256, "crop": "center", "interpolation": "cubic", "color": "RGB"},
 }
 
-# What an INT8 model is quantized for (app.models.quantize): ONNX Runtime's CPU kernels, or TensorRT.
-Target = Literal["cpu", "tensorrt"]
-TARGETS: tuple[Target, ...] = ("cpu", "tensorrt")
+# What a build of the FP32 model is made for: INT8 for ONNX Runtime's CPU kernels or for TensorRT
+# (app.models.quantize), or FP16 for the CUDA EP's FP16 kernels on a GPU without TensorRT (app.models.fp16).
+Int8Target = Literal["cpu", "tensorrt"]
+Target = Literal["cpu", "tensorrt", "fp16"]
+INT8_TARGETS: tuple[Int8Target, ...] = ("cpu", "tensorrt")
+TARGETS: tuple[Target, ...] = (*INT8_TARGETS, "fp16")
 
 
 def model_dir() -> Path:
@@ -56,13 +62,17 @@ class ModelFiles:
         """INT8 for TensorRT's explicit quantization (app.models.quantize, target tensorrt)."""
         return self.root / f"{MODEL_NAME}-int8-trt.onnx"
 
-    def int8_for(self, target: Target) -> Path:
+    @property
+    def fp16(self) -> Path:
+        """FP16 for the CUDA EP (app.models.fp16, target fp16): the int8 variant's fallback on GPUs without TensorRT."""
+        return self.root / f"{MODEL_NAME}-fp16.onnx"
+
+    def int8_for(self, target: Int8Target) -> Path:
         return self.int8_trt if target == "tensorrt" else self.int8
 
     @property
     def labels(self) -> Path:
         return self.root / f"{MODEL_NAME}-labels.txt"
-
 
 
 def default_files(root: Path | None = None) -> ModelFiles:
@@ -81,4 +91,4 @@ def builtin_transform(size: int = 224) -> Transform:
 def is_builtin_file(path: str | Path) -> bool:
     """Whether `path` names one of the built-in model's files (wherever they live)."""
     files = ModelFiles(Path(path).parent)
-    return Path(path).name in (files.fp32.name, files.int8.name, files.int8_trt.name)
+    return Path(path).name in (files.fp32.name, files.int8.name, files.int8_trt.name, files.fp16.name)

@@ -10,8 +10,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from app.models.declaration import ModelDeclaration
 from app.models import TARGETS, ModelFiles, default_files
+from app.models.declaration import ModelDeclaration
 
 
 class CLIError(Exception):
@@ -106,15 +106,51 @@ def cmd_export_lite1(args: argparse.Namespace, files: ModelFiles) -> int:
     return 0
 
 
-def cmd_quantize(args: argparse.Namespace, files: ModelFiles) -> int:
-    from app.models.quantize import QuantizeOptions, quantize
+def _load_onnx(path: Path) -> Any:
+    import onnx
 
+    return onnx.load(str(path))
+
+
+def cmd_quantize(args: argparse.Namespace, files: ModelFiles) -> int:
     eval_dir = _existing_dir(args.eval_dir)
     model = declaration(args.config, args.app)
     _check_onnx(args.model, "FP32")
+    if args.keep_fp32 and args.target != "fp16":
+        raise CLIError("--keep-fp32 is for --target fp16 (an INT8 build keeps layers in FP32 by --exclude-nodes)")
     _declared_for(args.model, model, "--model")
     if args.output.resolve() == args.model.resolve():
         raise CLIError(f"--output {args.output} is the FP32 model itself")
+    if args.target == "fp16":
+        return _convert_fp16(args, model, eval_dir)
+    return _quantize_int8(args, model, eval_dir)
+
+
+def _convert_fp16(args: argparse.Namespace, model: ModelDeclaration, eval_dir: Path | None) -> int:
+    """The FP16 build: no calibration (nothing is read from --calibration-dir), then its report. An INT8 or FP16
+    --model is refused in one line before anything is written."""
+    from app.models.fp16 import Fp16Options, NotFloat32Error, convert, describe
+
+    opts = Fp16Options(keep_fp32=args.keep_fp32 or (), exclude_nodes=args.exclude_nodes or ())
+    print(f"converting {model.name} to FP16 for the CUDA EP, IO types kept, as declared in {args.config}")
+    started = time.perf_counter()
+    try:
+        clamped = convert(args.model, args.output, opts)
+    except NotFloat32Error as e:
+        raise CLIError(str(e)) from None
+    print(f"wrote {args.output} in {time.perf_counter() - started:.1f}s")
+    print(
+        f"weights outside FP16's normal range: {clamped.total:,} of {clamped.values:,} ({clamped.above_max:,} above "
+        f"65504, clamped to it; {clamped.subnormal:,} subnormal; {clamped.below_min:,} below 6e-08, raised to it)"
+    )
+    if args.no_report:
+        return 0
+    return _report(args, model, args.model, args.output, eval_dir, [], {"conversion": describe(opts)})
+
+
+def _quantize_int8(args: argparse.Namespace, model: ModelDeclaration, eval_dir: Path | None) -> int:
+    from app.models.quantize import QuantizeOptions, quantize
+
     images, source = _calibration(args)
     opts = QuantizeOptions(
         method=args.method,
@@ -151,30 +187,44 @@ def cmd_report(args: argparse.Namespace, files: ModelFiles) -> int:
     eval_dir = _existing_dir(args.eval_dir)
     model = declaration(args.config, args.app)
     _check_onnx(args.model, "FP32")
-    _check_onnx(args.int8, "INT8")
+    _check_onnx(args.int8, "FP16" if args.target == "fp16" else "INT8")
+    args.target = _build_target(args.int8, args.target)
     _declared_for(args.model, model, "--model")
-    images = _calibration(args)[0] if args.calibration_dir else []
+    images = _calibration(args)[0] if args.calibration_dir and args.target != "fp16" else []
     return _report(args, model, args.model, args.int8, eval_dir, images, {})
+
+
+def _build_target(build: Path, target: str | None) -> str:
+    """What `report` judges the build as: --target if given, else fp16 for an FP16 build and cpu otherwise; a target
+    that contradicts the file (an FP16 build as INT8, or the reverse) is refused in one line."""
+    from app.models.fp16 import precision_of
+
+    found = precision_of(_load_onnx(build))
+    if target is None:
+        return "fp16" if found == "fp16" else "cpu"
+    if (target == "fp16") != (found == "fp16"):
+        raise CLIError(f"the build {build} is {found.upper()}, not one for --target {target}")
+    return target
 
 
 def _report(
     args: argparse.Namespace,
     model: ModelDeclaration,
     fp32: Path,
-    int8: Path,
+    build: Path,
     eval_dir: Path | None,
     calibration: list[bytes],
     extra: dict[str, Any],
 ) -> int:
     from app.models.report import build_report, report_paths, to_markdown, write_report
 
-    report = build_report(fp32, int8, model, args.target, calibration, eval_dir, extra=extra)
-    json_path, md_path = report_paths(int8)
+    report = build_report(fp32, build, model, args.target, calibration, eval_dir, extra=extra)
+    json_path, md_path = report_paths(build)
     write_report(report, json_path, md_path)
     print(to_markdown(report))
     print(f"wrote {json_path} and {md_path}")
     agreement = report["quality"]["top1_agreement"]
-    name = "TensorRT INT8" if args.target == "tensorrt" else "INT8"
+    name = {"tensorrt": "TensorRT INT8", "fp16": "FP16"}.get(args.target, "INT8")
     if args.min_agreement is not None and agreement < args.min_agreement:
         print(
             f"{name} top-1 agreement with FP32 is {agreement:.3f}, below --min-agreement {args.min_agreement:.3f}",
@@ -184,9 +234,19 @@ def _report(
     return 0
 
 
-def _model_args(s: argparse.ArgumentParser, int8_flag: str) -> None:
+UNUSED_BY_FP16 = " (unused by --target fp16, which needs no calibration)"
+
+
+def _model_args(s: argparse.ArgumentParser, build_flags: tuple[str, ...], target_default: str | None) -> None:
     s.add_argument("--model", type=Path, required=True, help="the FP32 ONNX model (any file name)")
-    s.add_argument(int8_flag, type=Path, required=True, help="its INT8 build (written by quantize, read by report)")
+    s.add_argument(
+        *build_flags,
+        dest=build_flags[0].lstrip("-"),
+        metavar="BUILD" if len(build_flags) > 1 else None,
+        type=Path,
+        required=True,
+        help="its INT8 or FP16 build (written by quantize, read by report)",
+    )
     s.add_argument(
         "--config",
         type=Path,
@@ -198,15 +258,20 @@ def _model_args(s: argparse.ArgumentParser, int8_flag: str) -> None:
     s.add_argument(
         "--target",
         choices=TARGETS,
-        default="cpu",
-        help="cpu: QUInt8 activations for ONNX Runtime's CPU kernels; tensorrt: symmetric S8S8 for TensorRT's "
-        "explicit quantization (judged with Q/DQ computed as written, as TensorRT does)",
+        default=target_default,
+        help="cpu: INT8, QUInt8 activations for ONNX Runtime's CPU kernels; tensorrt: INT8, symmetric S8S8 for "
+        "TensorRT's explicit quantization (judged with Q/DQ computed as written, as TensorRT does); fp16: FP16 "
+        "weights and activations, uint8/float32 in and float32 out as the FP32 model, for the CUDA EP on a GPU "
+        "without TensorRT (judged on the CUDA EP where usable here, else on the CPU EP; no calibration). "
+        + (f"Default: {target_default}" if target_default else "Default: fp16 for an FP16 build, else cpu"),
     )
     s.add_argument("--eval-dir", help="held-out images (class sub-folders named by id or label give accuracy)")
-    s.add_argument("--calibration-dir", help="calibration images (class sub-folders are sampled evenly)")
-    s.add_argument("--num-images", type=int, default=64, help="calibration images to use (default 64)")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--min-agreement", type=float, help="exit 1 if INT8's top-1 agreement with FP32 is below this")
+    s.add_argument(
+        "--calibration-dir", help="calibration images (class sub-folders are sampled evenly)" + UNUSED_BY_FP16
+    )
+    s.add_argument("--num-images", type=int, default=64, help="calibration images to use (default 64)" + UNUSED_BY_FP16)
+    s.add_argument("--seed", type=int, default=0, help="calibration sample's seed" + UNUSED_BY_FP16)
+    s.add_argument("--min-agreement", type=float, help="exit 1 if the build's top-1 agreement with FP32 is below this")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -223,15 +288,28 @@ def parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--output", type=Path, required=True)
     e.set_defaults(func=cmd_export_lite1)
-    q = sub.add_parser("quantize", help="the INT8 build of any FP32 model, calibrated as declared; then its report")
-    _model_args(q, "--output")
-    q.add_argument("--method", choices=["minmax", "percentile", "entropy"], default="minmax")
+    q = sub.add_parser(
+        "quantize",
+        help="the INT8 build of any FP32 model, calibrated as declared (or with --target fp16 its FP16 build); "
+        "then its report",
+    )
+    _model_args(q, ("--output",), "cpu")
+    q.add_argument(
+        "--method", choices=["minmax", "percentile", "entropy"], default="minmax", help="calibration" + UNUSED_BY_FP16
+    )
     q.add_argument(
         "--op-types",
         type=_csv,
-        help="comma-separated op types to quantize (default: all for cpu; Conv,Gemm,MatMul,Add for tensorrt)",
+        help="INT8: comma-separated op types to quantize (default: all for cpu; Conv,Gemm,MatMul,Add for tensorrt; "
+        "fp16 keeps op types in FP32 by --keep-fp32)",
     )
     q.add_argument("--exclude-nodes", type=_csv, help="comma-separated node names to keep in FP32")
+    q.add_argument(
+        "--keep-fp32",
+        type=_csv,
+        help="fp16: comma-separated op types to keep in FP32 besides the default ones (onnxruntime's float16 "
+        "block list and the ops whose FP16 results overflow: app/models/fp16.py FP32_OPS)",
+    )
     q.add_argument(
         "--no-pair-limit",
         action="store_true",
@@ -240,8 +318,8 @@ def parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--no-report", action="store_true", help="skip the report")
     q.set_defaults(func=cmd_quantize)
-    r = sub.add_parser("report", help="agreement (and on cpu, speed) of an INT8 build against its FP32 model")
-    _model_args(r, "--int8")
+    r = sub.add_parser("report", help="agreement (and on cpu, speed) of an INT8 or FP16 build against its FP32 model")
+    _model_args(r, ("--int8", "--build"), None)
     r.set_defaults(func=cmd_report)
     return p
 

@@ -29,7 +29,7 @@ from onnx import numpy_helper
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from app.models import BUILTIN_MODEL, TARGETS, Target
+from app.models import BUILTIN_MODEL, Int8Target
 from app.models.build import atomic_write
 from app.models.calibration import ImageCalibrationReader
 from app.models.declaration import ModelDeclaration
@@ -57,7 +57,7 @@ class TargetProfile:
     extra_options: dict[str, Any] = field(default_factory=dict)
 
 
-PROFILES: dict[Target, TargetProfile] = {
+PROFILES: dict[Int8Target, TargetProfile] = {
     "cpu": TargetProfile(QuantType.QUInt8, None, {"ActivationSymmetric": False, "WeightSymmetric": True}),
     "tensorrt": TargetProfile(
         QuantType.QInt8,
@@ -86,7 +86,7 @@ class QuantizeOptions:
     op_types: Sequence[str] | None = None  # None: the target's default (see PROFILES)
     exclude_nodes: Sequence[str] = ()
     per_channel: bool = True
-    target: Target = "cpu"
+    target: Int8Target = "cpu"  # FP16 is no quantization: app.models.fp16
     pair_limit: bool = True  # cpu target: weights the U8S8 kernels cannot overflow (app.models.u8s8)
 
 
@@ -153,7 +153,7 @@ def quantize(
     if opts.method not in METHODS:
         raise ValueError(f"calibration method {opts.method!r} is not one of {sorted(METHODS)}")
     if opts.target not in PROFILES:
-        raise ValueError(f"quantization target {opts.target!r} is not one of {list(TARGETS)}")
+        raise ValueError(f"quantization target {opts.target!r} is not one of {list(PROFILES)}")
     if opts.target == "tensorrt" and (opset := default_opset(fp32)) < MIN_TENSORRT_OPSET:
         raise ValueError(f"{fp32} is opset {opset}; the tensorrt target needs opset >= {MIN_TENSORRT_OPSET}")
     profile = PROFILES[opts.target]
