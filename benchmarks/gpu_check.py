@@ -26,6 +26,7 @@ in the report: a model file missing, ...), 2 nothing could be measured (no targe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -38,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from app.runtime import RuntimeOptions
-from app.runtime.plan import CPU, CUDA, TENSORRT, EngineChoice, TensorRTOptions, cpu_choice, plan_engines
+from app.runtime.plan import CPU, CUDA, TENSORRT, EngineChoice, GraphOptions, TensorRTOptions, cpu_choice, plan_engines
 from benchmarks.environment import RESULTS_DIR, format_environment, host_name, print_environment, stamp
 from benchmarks.model_bench import in_fresh_process, measure_batch
 from benchmarks.report import markdown_table, write_report
@@ -51,17 +52,19 @@ TIMING = {"warmup": 3, "min_runs": 5, "max_runs": 300, "budget_s": 0.5}  # per b
 TORCH = "torch"  # the framework of the torch targets; their "provider" is torch:<device>
 AGREEMENT_IMAGES = 16  # real photographs each target classifies beside the reference
 AGREEMENT_REFERENCE = "onnxruntime CPUExecutionProvider, FP32 model"
+DRY_RUN_BUCKETS = (1, 2, 4, 8)  # the graph targets' buckets on a CPU dry run
 
 
 @dataclass(frozen=True)
 class Target:
     name: str
-    model: str  # which of Check.models it runs: fp32, int8 or trt_int8
+    model: str  # which of Check.models it runs: fp32, fp16, int8 or trt_int8
     intended: str  # the provider that should run the nodes
     precision: str
     fp16: bool
     about: str
     framework: str = "onnxruntime"  # or TORCH
+    graphs: bool = False  # CUDA graphs as a replica runs them (app/runtime/graphs.py), captured before timing
 
     def options(self, cache_dir: Path, max_batch: int) -> RuntimeOptions:
         return RuntimeOptions(
@@ -71,6 +74,7 @@ class Target:
             prefer_gpu=True,
             allow_slow_int8=True,  # cuda-qdq-int8 is the slow path on purpose
             tensorrt=TensorRTOptions(cache_dir=str(cache_dir), max_batch_size=max_batch),
+            cuda_graphs=GraphOptions() if self.graphs else None,
         )
 
     def plan(self, path: str, opts: RuntimeOptions) -> EngineChoice:
@@ -86,6 +90,10 @@ TARGETS = (
     Target("trt-fp16", "fp32", TENSORRT, "fp32", True, "FP32 model, FP16 allowed"),
     Target("cuda-fp32", "fp32", CUDA, "fp32", False, "FP32 model on the CUDA EP"),
     Target("cuda-int8-qdq", "int8", CUDA, "int8", False, "CPU INT8 (QDQ) on the CUDA EP"),
+    Target("cuda-fp32-graphs", "fp32", CUDA, "fp32", False, "FP32 on the CUDA EP, CUDA graphs", graphs=True),
+    Target("cuda-fp16", "fp16", CUDA, "fp16", False, "FP16 build on the CUDA EP (the INT8 fallback)"),
+    Target("cuda-fp16-graphs", "fp16", CUDA, "fp16", False, "FP16 build, CUDA graphs", graphs=True),
+    Target("trt-int8-graphs", "trt_int8", TENSORRT, "int8", False, "TensorRT INT8, CUDA graphs", graphs=True),
     Target("torch-fp32", "fp32", TORCH, "fp32", False, "FP32 graph in PyTorch (reference)", TORCH),
     Target("torch-fp16", "fp32", TORCH, "fp16", True, "PyTorch .half(), channels_last", TORCH),
 )
@@ -96,7 +104,7 @@ def default_models() -> dict[str, str]:
     from app.models import default_files
 
     files = default_files()
-    return {"fp32": str(files.fp32), "int8": str(files.int8), "trt_int8": str(files.int8_trt)}
+    return {"fp32": str(files.fp32), "fp16": str(files.fp16), "int8": str(files.int8), "trt_int8": str(files.int8_trt)}
 
 
 @dataclass
@@ -177,6 +185,11 @@ def start(
         engine.logits(x)
         out: dict[str, Any] = {"session_s": session_s, "first_call_ms": (time.perf_counter() - t0) * 1000}
         out["first_call_batch"] = len(x)
+        if timing is not None:  # CUDA graphs: captured, checked and timed as a replica's start does
+            t0 = time.perf_counter()
+            engine.prepare(max(batches))
+            out["prepare_s"] = time.perf_counter() - t0
+            out["cuda_graphs"] = engine.graphs_state()
         out |= {"engine_cache": cache_files(Path(opts.tensorrt.cache_dir)), **engine.describe()}
         out["engine_files_state"] = engine_files_state(Path(opts.tensorrt.cache_dir))
         out["placement"] = engine.placement  # provider -> the nodes it ran
@@ -272,6 +285,11 @@ def run_target(
     except Exception as e:  # PlanError, an unreadable model (TensorRT's options read its input)
         return {**out, "error": f"planning: {type(e).__name__}: {e}"}
     choice = cpu_choice() if check.dry_run else planned
+    if check.dry_run and opts.cuda_graphs is not None:
+        # The graphs' buffers, threads, checks and decisions on the CPU EP, for the small buckets only: a CPU times
+        # a batch of 64 in seconds, and the flow is the point here.
+        graphs = dataclasses.replace(opts.cuda_graphs, on_cpu=True, buckets=DRY_RUN_BUCKETS)
+        opts = dataclasses.replace(opts, cuda_graphs=graphs)
     print(f"{target.name}: {path} on {choice.provider_names}", file=sys.stderr, flush=True)
     out["intended_provider"] = choice.providers[0].name
     out |= {"planned": planned.describe(), "ran": choice.describe()}
@@ -338,6 +356,16 @@ def _agree(r: dict[str, Any], key: str) -> Any:
     return f"{value:.1e}" if key == "max_abs_logit_diff" and value is not None else value
 
 
+def _graphs(cold: dict[str, Any]) -> str:
+    """Which batch sizes replay a graph after the cold start's capture (and how long capturing took), or why none."""
+    state = cold.get("cuda_graphs")
+    if not state:
+        return "-"
+    if not state.get("active"):
+        return f"none: {state.get('off') or state.get('slots_without_graphs')}"[:80]
+    return f"{state['graph_batch_sizes']} (buckets {state['buckets_captured']}, {cold.get('prepare_s', 0):.1f} s)"
+
+
 def start_table(result: dict[str, Any]) -> str:
     """One row per target: cold and cached start, the engine cache, where the nodes ran."""
     rows = []
@@ -356,6 +384,7 @@ def start_table(result: dict[str, Any]) -> str:
                 "cached 1st call ms": cached.get("first_call_ms"),
                 "engine cache after cold": cache and f"{cache['files']} files, {cache['bytes'] / 2**20:.1f} MiB",
                 "nodes per EP": r.get("nodes_per_provider"),
+                "CUDA graphs for batch sizes": _graphs(cold),
                 "top-1 agree": _agree(r, "top1_agree"),
                 "max logit gap": _agree(r, "max_abs_logit_diff"),
                 "nodes not on intended EP": _not_run(r) if "error" in r or "skipped" in r else off_cell or "-",

@@ -27,6 +27,11 @@ def _check(files: ModelFiles, out_dir: Path, **over: Any) -> Check:
     the CPU INT8 one as a stand-in (the CPU EP runs either)."""
     trt = files.root / "efficientnet_lite0-int8-trt.onnx"
     models = {"fp32": str(files.fp32), "int8": str(files.int8), "trt_int8": str(trt if trt.is_file() else files.int8)}
+    if not files.fp16.is_file():
+        from app.models.fp16 import convert
+
+        convert(files.fp32, files.fp16)
+    models["fp16"] = str(files.fp16)
     settings: dict[str, Any] = {"batches": (1, 2), "dry_run": True, "models": models, "timing": FAST}
     settings |= {"targets": ORT_TARGETS, "agreement_images": 3}
     return Check(**{**settings, "isolate": False, "out_dir": out_dir, **over})
@@ -72,6 +77,18 @@ def test_the_dry_run_writes_json_and_markdown_beside_it_with_every_target_and_ba
             assert b["images_per_s"] == pytest.approx(b["batch"] * 1000 / b["p50_ms"])
     assert {"onnxruntime", "tensorrt", "usable_providers", "missing_libraries"} <= set(result["runtime"])
     assert result["environment"]["packages"]
+
+
+def test_the_graph_targets_capture_check_and_decide_on_the_cpu_ep(dry_run: dict[str, Any]) -> None:
+    """The dry run walks the CUDA graphs' code path (buffers, slot threads, captures, checks, the per-size decision)
+    on the CPU EP, where nothing is really captured: the GPU's run meets no untried code."""
+    targets = _json(dry_run)["targets"]
+    for name in ("cuda-fp32-graphs", "cuda-fp16-graphs"):
+        graphs = targets[name]["cold_start"]["cuda_graphs"]
+        assert graphs["enabled"] and graphs["buckets_captured"] == [1, 2] and graphs["prepared"]
+        assert not graphs["slots_without_graphs"] and set(graphs["plain_ms"]) <= {"1", "2"}
+    assert targets["cuda-fp32"]["cold_start"].get("cuda_graphs") is None
+    assert targets["cuda-fp16"]["model"].endswith("efficientnet_lite0-fp16.onnx")
 
 
 def test_every_node_of_the_dry_run_is_placed_and_all_on_the_cpu_ep(dry_run: dict[str, Any]) -> None:
@@ -179,7 +196,8 @@ def test_a_missing_model_file_fails_its_targets_only(model_files: ModelFiles, tm
 def test_a_target_that_fails_is_reported_and_the_others_still_run(model_files: ModelFiles, tmp_path: Path) -> None:
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"not an onnx model")
-    check = _check(model_files, tmp_path, targets=ORT_TARGETS[1:])
+    three = [t for t in ORT_TARGETS if t.name in ("trt-fp16", "cuda-fp32", "cuda-int8-qdq")]
+    check = _check(model_files, tmp_path, targets=three)
     check.models["fp32"] = str(broken)
     assert run(check) == 1
     [path] = tmp_path.glob("*.json")
@@ -227,11 +245,12 @@ def test_a_target_whose_provider_cannot_load_is_skipped_and_the_others_run(
     [path] = tmp_path.glob("*.json")
     result = json.loads(path.read_text())
     targets = result["targets"]
-    assert {n for n, r in targets.items() if "skipped" in r} == {"trt-int8", "trt-fp16"}
-    assert all("libnvinfer" in targets[n]["skipped"] for n in ("trt-int8", "trt-fp16"))
+    tensorrt = {"trt-int8", "trt-fp16", "trt-int8-graphs"}
+    assert {n for n, r in targets.items() if "skipped" in r} == tensorrt
+    assert all("libnvinfer" in targets[n]["skipped"] for n in tensorrt)
     assert all("error" not in r and "batches" in r for n, r in targets.items() if n.startswith("cuda-"))
     rows = _table_rows(batch_table(result))
-    assert {r[0] for r in rows if r[7].startswith("skipped: ")} == {"trt-int8", "trt-fp16"}
+    assert {r[0] for r in rows if r[7].startswith("skipped: ")} == tensorrt
 
 
 def test_the_targets_are_chosen_on_the_command_line(

@@ -196,12 +196,6 @@ def test_plan_cli_puts_tensorrt_first_for_prod_int8(capsys: pytest.CaptureFixtur
     assert trt_options["trt_int8_enable"] is True and trt_options["trt_engine_cache_enable"] is True
 
 
-def test_plan_cli_exits_1_naming_tensorrt_when_only_cuda_is_offered(capsys: pytest.CaptureFixture[str]) -> None:
-    assert plan_main(["plan", "configs/prod.yaml", "--available", f"{CUDA},{CPU}", "--gpu"]) == 1
-    err = capsys.readouterr().err
-    assert "variants.int8" in err and "TensorRT" in err
-
-
 def test_plan_cli_on_this_machine_for_the_local_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert plan_main(["plan", "configs/local.yaml"]) == 0
     plan = json.loads(capsys.readouterr().out)["variants"]

@@ -28,15 +28,33 @@ if TYPE_CHECKING:
     from app.runtime.plan import RuntimeOptions
 
 
+EngineName = Literal["auto", "tensorrt", "cuda", "openvino", "cpu"]
+
+
+class FallbackArgs(_Strict):
+    """What an INT8 variant serves on a node where its own build would be refused: a GPU node without TensorRT, where
+    INT8 on the CUDA EP is slower than FP32 (docs/engines.md "A variant's fallback"). Every report of the variant
+    (the plan, /v1/models, the metrics' labels, the A/B summary, the start-up log) then names the fallback as what
+    runs, and why."""
+
+    precision: Literal["fp32", "fp16"] = Field(
+        description="what the fallback file holds: fp16 (`python -m app.models quantize --target fp16`) or fp32"
+    )
+    model_path: str = Field(description="ONNX file; a relative path is relative to the working directory")
+    engine: EngineName = Field("auto", description="as the variant's engine")
+
+
 class VariantArgs(_Strict):
     """One servable build of the model, bound as its own Classifier deployment."""
 
     model_path: str = Field(description="ONNX file; a relative path is relative to the working directory")
     description: str = Field("", description="shown in GET /v1/models")
-    precision: Literal["fp32", "int8"] = Field(
-        "fp32", description="what the file holds; int8 turns on TensorRT's INT8 mode and the slow-INT8 check"
+    precision: Literal["fp32", "fp16", "int8"] = Field(
+        "fp32",
+        description="what the file holds; int8 turns on TensorRT's INT8 mode and the slow-INT8 check, fp16 "
+        "TensorRT's FP16 mode",
     )
-    engine: Literal["auto", "tensorrt", "cuda", "openvino", "cpu"] = Field(
+    engine: EngineName = Field(
         "auto",
         description="auto: TensorRT then CUDA on a GPU replica; on a CPU replica OpenVINO or ONNX Runtime's "
         "CPU EP, whichever measures faster at warm-up. Any other value insists on that engine",
@@ -45,6 +63,20 @@ class VariantArgs(_Strict):
     allow_slow_int8: bool = Field(
         False, description="serve an INT8 variant on the CUDA EP without TensorRT (slower than FP32 there)"
     )
+    fallback: FallbackArgs | None = Field(
+        None,
+        description="int8 only: the build served instead where the INT8 build would be refused (a GPU node "
+        "without TensorRT); without it that node refuses the variant, with its reason",
+    )
+
+    @model_validator(mode="after")
+    def _fallback_for_int8(self) -> VariantArgs:
+        if self.fallback is not None and self.precision != "int8":
+            raise ValueError(
+                f"fallback: only an int8 variant falls back (it is refused where TensorRT is not); this one is "
+                f"{self.precision}"
+            )
+        return self
 
 
 class TensorRTArgs(_Strict):
@@ -66,6 +98,31 @@ class TensorRTArgs(_Strict):
 
     def resolved_cache_dir(self) -> str:
         return self.cache_dir or os.environ.get("APP_TRT_CACHE_DIR") or "/tmp/app-trt-cache"
+
+
+class CudaGraphArgs(_Strict):
+    """CUDA graphs on GPU replicas: each batch-size bucket captured once at start, in a session of its own per batch
+    slot, and replayed for the batch sizes where that measured faster than a plain run (docs/engines.md "CUDA
+    graphs")."""
+
+    enabled: bool = Field(
+        True,
+        description="measured on an H200, FP32 on the CUDA EP: batch 1 0.53 ms replayed against 1.78 ms plain; a "
+        "capture that fails leaves the replica serving without graphs, said in /v1/models",
+    )
+    buckets: list[int] = Field(
+        [1, 2, 4, 8],
+        min_length=1,
+        description="batch sizes captured (a session and a graph each, per batch slot); a batch is padded up to the "
+        "smallest bucket that holds it. From batch 16 up a replay measured no faster than a plain run there",
+    )
+
+    @field_validator("buckets")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(b < 1 for b in v):
+            raise ValueError(f"buckets must be batch sizes >= 1, got {v}")
+        return sorted(set(v))
 
 
 class SpeedGateArgs(_Strict):
@@ -123,6 +180,7 @@ class AppArgs(_Strict):
         'shadows, rollouts), no deployment of its own (docs/ab-rollout-cascade.md "Cascade")',
     )
     tensorrt: TensorRTArgs = Field(default_factory=TensorRTArgs)
+    cuda_graphs: CudaGraphArgs = Field(default_factory=CudaGraphArgs)
     speed_gate: SpeedGateArgs | None = Field(None, description="refuse or flag variants not faster than a baseline")
 
     @model_validator(mode="before")
@@ -196,19 +254,34 @@ class AppArgs(_Strict):
 
     def runtime_options(self, variant: str, gpu: bool, threads: int, streams: int) -> RuntimeOptions:
         """How `variant` runs in a replica that was (`gpu`) or was not granted a GPU."""
-        from app.runtime.plan import RuntimeOptions, TensorRTOptions
-
         v = self.variants[variant]
-        trt = self.tensorrt
+        return self._options(v.precision, v.engine, v.fp16, v.allow_slow_int8, gpu, threads, streams)
+
+    def fallback_options(
+        self, variant: str, gpu: bool, threads: int, streams: int
+    ) -> tuple[Path, RuntimeOptions] | None:
+        """The file and options of `variant`'s declared fallback (None: it declares none)."""
+        fb = self.variants[variant].fallback
+        if fb is None:
+            return None
+        opts = self._options(fb.precision, fb.engine, False, False, gpu, threads, streams)
+        return self.resolved_path(fb.model_path), opts
+
+    def _options(
+        self, precision: str, engine: str, fp16: bool, slow_int8: bool, gpu: bool, threads: int, streams: int
+    ) -> RuntimeOptions:
+        from app.runtime.plan import GraphOptions, RuntimeOptions, TensorRTOptions
+
+        trt, graphs = self.tensorrt, self.cuda_graphs
         return RuntimeOptions(
             threads=threads,
             streams=streams,
-            engine=v.engine,
-            precision=v.precision,
-            fp16=v.fp16,
+            engine=engine,
+            precision=precision,
+            fp16=fp16,
             prefer_gpu=self.device == "cuda" or (self.device == "auto" and gpu),
             require_gpu=self.require_gpu,
-            allow_slow_int8=v.allow_slow_int8,
+            allow_slow_int8=slow_int8,
             gpu_mem_limit_bytes=self.gpu_mem_limit_bytes,
             tensorrt=TensorRTOptions(
                 cache_dir=trt.resolved_cache_dir(),
@@ -217,6 +290,7 @@ class AppArgs(_Strict):
                 builder_optimization_level=trt.builder_optimization_level,
                 timing_cache=trt.timing_cache,
             ),
+            cuda_graphs=GraphOptions(tuple(graphs.buckets)) if graphs.enabled else None,
         )
 
     def speed_gate_for(
@@ -234,7 +308,8 @@ class AppArgs(_Strict):
         gate = self.speed_gate
         if gate is None or gate.baseline == variant:
             return None
-        opts = self.runtime_options(gate.baseline, gpu, threads, streams)
+        # No CUDA graphs for the baseline: it is timed at max_batch_size, where they do not apply.
+        opts = replace(self.runtime_options(gate.baseline, gpu, threads, streams), cuda_graphs=None)
         if opts.engine == "auto":
             opts = replace(opts, engine=chosen_engine)
         path = str(self.resolved_path(self.variants[gate.baseline].model_path))
@@ -266,11 +341,17 @@ class AppArgs(_Strict):
         checked: list[Path] = []
         first: tuple[str, GraphIO] | None = None
         labels = self.model.label_count()
-        for name, v in sorted(self.variants.items()):
-            path = self.resolved_path(v.model_path)
+        files = [(name, "model_path", v.model_path) for name, v in sorted(self.variants.items())]
+        files += [
+            (name, "fallback.model_path", v.fallback.model_path)
+            for name, v in sorted(self.variants.items())
+            if v.fallback
+        ]
+        for name, field_name, model_path in files:
+            path = self.resolved_path(model_path)
             if not path.is_file():
                 continue
-            where = f"variants.{name}.model_path: {path}"
+            where = f"variants.{name}.{field_name}: {path}"
             try:
                 graph = read_graph(path)
             except GraphError as e:
@@ -288,7 +369,7 @@ class AppArgs(_Strict):
 
     def is_default_model(self, path: Path) -> bool:
         files = default_files(path.parent)
-        return path in (files.fp32, files.int8, files.int8_trt)
+        return path in (files.fp32, files.int8, files.int8_trt, files.fp16)
 
 
 def _io(graph: GraphIO) -> tuple[object, ...]:

@@ -218,7 +218,23 @@ class V1:
         if pipeline.cascades.states:  # their evidence is the ledger's too: the thresholds as of this moment
             await self.policy.refit_cascades()
             summary["cascades"] = pipeline.cascades.describe(with_curve=True)
-        return json_response({"model": self.args.model.name, **summary})
+        return json_response({"model": self.args.model.name, "serving": await self._serving(), **summary})
+
+    async def _serving(self) -> dict[str, dict[str, Any]]:
+        """Each variant's build as its replica says it runs (a fallback in force included); nulls if it did not
+        answer within 5 s."""
+        pipeline = self.pipeline
+        described = await asyncio.gather(
+            *(pipeline.ask(pipeline.backend.describe(v), 5.0) for v in self.variants), return_exceptions=True
+        )
+        out = {}
+        for v, d in zip(self.variants, described, strict=True):
+            d = d if isinstance(d, dict) else {}
+            fallback = d.get("fallback") or {}
+            out[v] = {
+                k: d.get(k) for k in ("precision", "requested_precision", "engine", "execution_provider")
+            } | {"fallback_reason": fallback.get("reason")}
+        return out
 
     async def ab_reset(self, request: Request) -> Response:
         """Zero the A/B counters (POST /v1/ab/reset); returns the summary as it was."""

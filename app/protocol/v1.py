@@ -227,10 +227,23 @@ class CascadeInfo(_CascadeBase):
     capture: CaptureInfo | None = None
 
 
+class VariantServing(_Body):
+    """What a variant's replica really runs, beside its evidence: the evidence is about this build."""
+
+    precision: Literal["fp32", "fp16", "int8"] | None = Field(description="what runs (null: no answer)")
+    requested_precision: Literal["fp32", "fp16", "int8"] | None
+    engine: str | None
+    execution_provider: str | None
+    fallback_reason: str | None = Field(description="why the declared fallback serves, while it does")
+
+
 class ABSummary(_Body):
     """GET /v1/ab/summary: the A/B evidence of every Router since `since`."""
 
     model: str | None = Field(None, description="the declared model's name (GET /v1/ab/summary)")
+    serving: dict[str, VariantServing] | None = Field(
+        None, description="variant -> what its replica runs (GET /v1/ab/summary; not in POST /v1/ab/reset's before)"
+    )
     since: float = Field(description="Unix time of the start or the last reset")
     variants: dict[str, VariantEvidence]
     pairs: dict[str, PairEvidence] = Field(description='key "a|b", the two variant names sorted')
@@ -267,6 +280,33 @@ class SpeedGateVerdict(_Body):
     action: Literal["warn", "fail"]
     passed: bool
     message: str
+
+
+class FallbackInfo(_Body):
+    """The variant's declared fallback, serving instead of the build it requested (app/runtime/fallback.py)."""
+
+    requested_precision: Literal["fp32", "fp16", "int8"]
+    requested_model_file: str = Field(description="the build the variant asked for (its served copy)")
+    precision: Literal["fp32", "fp16", "int8"] = Field(description="what runs")
+    model_file: str = Field(description="the fallback's model file")
+    reason: str = Field(description='why, e.g. "TensorRT not loadable: libnvinfer.so.10"')
+
+
+class CudaGraphs(_Body):
+    """CUDA graphs on a GPU engine (app/runtime/graphs.py); absent on a CPU engine or with cuda_graphs off."""
+
+    enabled: bool
+    active: bool = Field(description="some batch sizes replay a captured graph")
+    off: str | None = Field(None, description="why none is used although asked for")
+    slots: int | None = Field(None, description="batch slots, each a session and a thread of its own")
+    one_graph_per_session: bool | None = Field(None, description="TensorRT: each bucket a session of its own")
+    buckets_captured: list[int] | None = None
+    graph_batch_sizes: str | None = Field(None, description='the batch sizes graphs serve, e.g. "1-8, 13-16"')
+    replay_ms: dict[str, float] | None = Field(None, description="bucket -> median ms of a replay, copies included")
+    plain_ms: dict[str, float] | None = Field(None, description="batch size -> median ms of a plain run")
+    slots_without_graphs: dict[str, str] | None = Field(None, description="slot -> why it serves plain")
+    prepared_to_batch: int | None = None
+    prepare_s: float | None = Field(None, description="seconds the captures, checks and timings took at start")
 
 
 class Batching(_Body):
@@ -367,13 +407,16 @@ class VariantInfo(_VariantBase):
 
     variant: str
     model: str = Field(description="the declared model's name")
-    model_file: str
-    precision: Literal["fp32", "int8"]
+    model_file: str = Field(description="the model file that runs (the fallback's when it serves)")
+    precision: Literal["fp32", "fp16", "int8"] = Field(description="what runs (the fallback's when it serves)")
+    requested_precision: Literal["fp32", "fp16", "int8"] = Field(description="the variant's own build")
+    fallback: FallbackInfo | None = Field(description="present while the declared fallback serves instead")
     engine: str = Field(description="the engine serving: cpu, cuda, tensorrt or openvino")
     execution_provider: str = Field(description="the provider really active")
     providers: list[str]
     requested_providers: list[str]
     nodes_per_provider: dict[str, int] | None = Field(None, description="ONNX Runtime only")
+    cuda_graphs: CudaGraphs | None = Field(None, description="ONNX Runtime on a GPU only")
     openvino: OpenVinoInfo | None = Field(None, description="OpenVINO only")
     on_gpu: bool
     gpu_granted: bool

@@ -2,7 +2,9 @@
 
 plan.py             which engine and providers a replica would use (pure; `python -m app.runtime plan`)
 ort_engine.py       ONNX Runtime: TensorRT, CUDA and CPU execution providers, node placement
-binding.py          ONNX Runtime IO binding: a pinned host input buffer per batch slot (GPU engines)
+graphs.py           CUDA graphs per batch-size bucket on device-resident buffers, a session and thread per slot
+capture_gate.py     the process-wide gate that keeps every GPU call out of a CUDA graph capture
+fallback.py         a variant's declared fallback build, when its own needs TensorRT and TensorRT is not here
 openvino_engine.py  OpenVINO's CPU runtime
 select.py           plan -> built engine(s) -> checked -> the fastest kept
 prebuild.py         TensorRT engines built ahead of a rollout (`python -m app.runtime build-engines`)
@@ -16,6 +18,7 @@ import dataclasses
 import math
 import os
 
+from app.runtime.fallback import Build, Serving
 from app.runtime.measure import GateResult, SpeedGate, Throughput, judge, measure_alternating
 from app.runtime.ort_engine import OrtEngine, usable_providers
 from app.runtime.outputs import softmax, top_k
@@ -25,6 +28,7 @@ from app.runtime.plan import (
     OPENVINO,
     TENSORRT,
     EngineChoice,
+    GraphOptions,
     PlanError,
     RuntimeOptions,
     TensorRTOptions,
@@ -39,15 +43,18 @@ __all__ = [
     "CUDA",
     "OPENVINO",
     "TENSORRT",
+    "Build",
     "Engine",
     "EngineChoice",
     "GateResult",
+    "GraphOptions",
     "ModelLoadError",
     "ModelSpec",
     "Opened",
     "OrtEngine",
     "PlanError",
     "RuntimeOptions",
+    "Serving",
     "SpeedGate",
     "TensorRTOptions",
     "Throughput",

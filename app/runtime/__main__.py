@@ -28,40 +28,67 @@ from typing import Any
 import yaml
 
 from app.config import AppArgs, validate_serve_config
+from app.runtime.fallback import Serving, tensorrt_absence
 from app.runtime.openvino_engine import openvino_available
 from app.runtime.ort_engine import ort_version, tensorrt_version, usable_providers
-from app.runtime.plan import OPENVINO, TENSORRT, PlanError, plan_engines
+from app.runtime.plan import OPENVINO, TENSORRT, PlanError, RuntimeOptions, plan_engines
 from app.runtime.prebuild import BuildRefused, check_tensorrt_here, engine_builds, replica_threads_streams, run_build
 from app.runtime.select import model_sha256, tensorrt_for
 from app.runtime.spec import ModelLoadError
 
 
-def plan_config(cfg: dict[str, Any], available: list[str], openvino: bool, gpu: bool) -> dict[str, Any]:
-    """{"variants": {name: plan}} for every variant of the config's first application."""
+def plan_config(
+    cfg: dict[str, Any], available: list[str], openvino: bool, gpu: bool, listed: bool = False
+) -> dict[str, Any]:
+    """{"variants": {name: plan}} for every variant of the config's first application. A variant whose INT8 build
+    needs TensorRT where it is not usable plans its declared fallback instead, and says so (`fallback`, `serving`).
+    `listed`: `available` was given by hand, not read off this machine."""
     args: AppArgs = validate_serve_config(cfg)
     out: dict[str, Any] = {}
     for variant, v in args.variants.items():
-        opts = args.runtime_options(variant, gpu, *replica_threads_streams(cfg, args, variant))
+        threads, streams = replica_threads_streams(cfg, args, variant)
+        opts = args.runtime_options(variant, gpu, threads, streams)
         path = str(args.resolved_path(v.model_path))
-        trt = None
-        if opts.prefer_gpu and TENSORRT in available:
-            key = {
-                "model_sha256": model_sha256(path, Path(path).stat().st_mtime_ns) if Path(path).is_file() else "MODEL",
-                "ort": ort_version(),
-                "tensorrt": tensorrt_version() if TENSORRT in usable_providers() else "VERSION",
-                "gpu": "GPU",
-            }
-            trt = tensorrt_for(path, opts, key)
         try:
-            plan = plan_engines(variant, opts, available, openvino, trt)
+            out[variant] = _plan_build(variant, path, opts, available, openvino)
         except PlanError as e:
-            raise PlanError(f"variants.{variant}: {e}") from e
-        out[variant] = {"model_path": path, "precision": v.precision, **plan.describe()}
-        if trt is not None:
-            out[variant]["cache_key"] = "MODEL, VERSION, GPU: the file's sha256, TensorRT's version, the GPU's name"
-        if not Path(path).is_file():
-            out[variant]["model_file"] = "not on this machine: shapes assume the built-in model's input"
+            declared = args.fallback_options(variant, gpu, threads, streams)
+            if not e.needs_tensorrt or declared is None:
+                raise PlanError(f"variants.{variant}: {e}") from e
+            fb_path, fb_opts = declared
+            try:
+                planned = _plan_build(variant, str(fb_path), fb_opts, available, openvino)
+            except PlanError as again:
+                raise PlanError(f"variants.{variant}: {e}; its declared fallback cannot run either: {again}") from again
+            serving = Serving(v.precision, path, fb_opts.precision, str(fb_path), tensorrt_absence(available, listed))
+            out[variant] = {**planned, "fallback": serving.describe(), "serving": serving.line(variant)}
+            continue
+        out[variant]["serving"] = f"Classifier_{variant}: {v.precision} on {out[variant]['engine']}"
     return {"variants": out}
+
+
+def _plan_build(
+    variant: str, path: str, opts: RuntimeOptions, available: list[str], openvino: bool
+) -> dict[str, Any]:
+    """One build's plan, as `python -m app.runtime plan` prints it."""
+    trt = None
+    if opts.prefer_gpu and TENSORRT in available:
+        key = {
+            "model_sha256": model_sha256(path, Path(path).stat().st_mtime_ns) if Path(path).is_file() else "MODEL",
+            "ort": ort_version(),
+            "tensorrt": tensorrt_version() if TENSORRT in usable_providers() else "VERSION",
+            "gpu": "GPU",
+        }
+        trt = tensorrt_for(path, opts, key)
+    plan = plan_engines(variant, opts, available, openvino, trt)
+    out = {"model_path": path, "precision": opts.precision, **plan.describe()}
+    if trt is not None:
+        out["cache_key"] = "MODEL, VERSION, GPU: the file's sha256, TensorRT's version, the GPU's name"
+    if plan.gpu and opts.cuda_graphs is not None:
+        out["cuda_graphs"] = {"buckets": list(opts.cuda_graphs.buckets)}
+    if not Path(path).is_file():
+        out["model_file"] = "not on this machine: shapes assume the built-in model's input"
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,11 +116,13 @@ def main(argv: list[str] | None = None) -> int:
         listed = [a.strip() for a in ns.available.split(",") if a.strip()]
         available, openvino = [a for a in listed if a != OPENVINO], OPENVINO in listed
     try:
-        result = plan_config(cfg, available, openvino, ns.gpu)
+        result = plan_config(cfg, available, openvino, ns.gpu, listed=ns.available is not None)
     except (PlanError, ValueError) as e:
         print(f"{ns.config}: {e}", file=sys.stderr)
         return 1
     print(json.dumps(result, indent=2))
+    for planned in result["variants"].values():  # what each variant will run, one line each
+        print(planned["serving"], file=sys.stderr)
     return 0
 
 

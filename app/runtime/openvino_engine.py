@@ -115,5 +115,13 @@ class OpenVinoEngine:
             "openvino": {"version": self.version, "streams": self.opts.streams, "threads": self.opts.threads},
         }
 
+    def prepare(self, max_batch: int) -> None:
+        """Nothing to capture: OpenVINO compiled for its streams at open."""
+
+    @property
+    def fixed_parallel(self) -> bool:
+        """Compiled for a number of parallel calls (its streams): another number needs a new compile."""
+        return True
+
     def close(self) -> None:
         self._alive = False

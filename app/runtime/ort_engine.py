@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-from app.runtime.binding import BoundRunner, io_binding_wanted, pinned_host_array, plain_host_array
+from app.runtime.capture_gate import GATE
+from app.runtime.graphs import GraphIO, GraphRunner
 from app.runtime.plan import CPU, CUDA, DISABLE_CPU_FALLBACK, TENSORRT, EngineChoice, RuntimeOptions
 from app.runtime.spec import ModelLoadError, ModelSpec, spec_from_io
 
@@ -55,6 +59,46 @@ def tensorrt_version() -> str:
 
 
 _ORT_TYPES = {"tensor(uint8)": np.uint8, "tensor(float)": np.float32, "tensor(float16)": np.float16}
+PAD_STEP = 8  # GPU sessions see batches of 8, 16, ... rows (OrtEngine._plain_run)
+
+
+def padded_rows(n: int, cap: int, step: int = PAD_STEP) -> int:
+    """`n` rounded up to a multiple of `step`, at most `cap` (never below `n`)."""
+    return max(n, min(-(-n // step) * step, cap))
+
+
+# The provider option that turns CUDA graphs on, per provider (onnxruntime cuda_provider_options.h,
+# tensorrt_provider_options.h).
+GRAPH_OPTION = {CUDA: "enable_cuda_graph", TENSORRT: "trt_cuda_graph_enable"}
+
+
+@dataclass(frozen=True)
+class OrtDevice:
+    """graphs.Device on ONNX Runtime: buffers as OrtValues on `kind` ("cuda", or "cpu" where tests run the same
+    code on the CPU EP), runs annotated with `gpu_graph_id` (onnxruntime_run_options_config_keys.h)."""
+
+    kind: str
+    device_id: int = 0
+
+    def buffer(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> ort.OrtValue:
+        return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, self.kind, self.device_id)
+
+    def run_options(self, graph_id: int | None) -> ort.RunOptions:
+        options = ort.RunOptions()
+        if graph_id is not None:
+            options.add_run_config_entry("gpu_graph_id", str(graph_id))
+        return options
+
+
+def graph_io(session: ort.InferenceSession, spec: ModelSpec, dtype: np.dtype[Any]) -> GraphIO:
+    """The buffers a bucket needs; ValueError when an output's shape beyond the batch is not fixed."""
+    outputs = []
+    for o in session.get_outputs():
+        row = tuple(o.shape[1:])
+        if not all(isinstance(d, int) for d in row) or o.type not in _ORT_TYPES:
+            raise ValueError(f"output {o.name!r} is {o.type} {list(o.shape)}: a graph's buffers need a fixed shape")
+        outputs.append((o.name, row, np.dtype(_ORT_TYPES[o.type])))
+    return GraphIO(spec.input_name, tuple(spec.sample_shape()), dtype, tuple(outputs))
 
 
 def session_options(opts: RuntimeOptions, choice: EngineChoice, cpu_fallback: bool = False) -> ort.SessionOptions:
@@ -113,24 +157,38 @@ class OrtEngine:
             [(i.name, tuple(i.shape), i.type) for i in inp], [o.name for o in self.session.get_outputs()]
         )
         self._dtype = _ORT_TYPES.get(self.spec.input_dtype, np.float32)
-        self.bound = self._bound_runner()
+        self.on_gpu = bool(self.providers) and self.providers[0] in (TENSORRT, CUDA)
+        self.graphs_off = ""  # why CUDA graphs were asked for and are not used ("" when not asked for, or used)
+        self.graphs = self._graph_runner(requested)
 
-    def _bound_runner(self) -> BoundRunner | None:
-        """IO binding (binding.py) where `opts.io_binding` asks for it: by default on a GPU engine only."""
-        assert self.session is not None
-        on_gpu = bool(self.providers) and self.providers[0] in (TENSORRT, CUDA)
-        if not io_binding_wanted(self.opts.io_binding, on_gpu):
+    def _graph_runner(self, requested: list[tuple[str, dict[str, str]]]) -> GraphRunner | None:
+        """CUDA graphs (graphs.py) on a GPU engine whose options ask for them: a session of their own per graph; batches
+        no graph serves stay on this engine's session. Outputs of unknown shape leave the engine serving plain, saying
+        why; a capture that fails does the same for its slot, later."""
+        graphs, first = self.opts.cuda_graphs, self.providers[0] if self.providers else ""
+        on_gpu = self.on_gpu and first in GRAPH_OPTION
+        if graphs is None or not (on_gpu or (graphs.on_cpu and first == CPU)):
             return None
-        return BoundRunner(
-            self.session,
-            self.spec.input_name,
-            self.spec.sample_shape(),
-            np.dtype(self._dtype),
-            capacity=self.opts.tensorrt.max_batch_size,
+        assert self.session is not None
+
+        def make_graph_session() -> ort.InferenceSession:
+            providers = [(n, {**o, GRAPH_OPTION[n]: "1"} if on_gpu and n == first else o) for n, o in requested]
+            so = session_options(self.opts, self.choice)
+            return ort.InferenceSession(str(self.path), sess_options=so, providers=providers, enable_fallback=0)
+
+        try:
+            io = graph_io(self.session, self.spec, np.dtype(self._dtype))
+        except ValueError as e:
+            self.graphs_off = str(e)
+            return None
+        return GraphRunner(
+            make_graph_session,
+            self._plain_run,
+            io,
+            OrtDevice("cuda" if on_gpu else "cpu", self.opts.device_id),
             slots=self.opts.streams,
-            output_device="cuda" if on_gpu else "cpu",
-            device_id=self.opts.device_id,
-            host_alloc=pinned_host_array if on_gpu else plain_host_array,
+            buckets=graphs.buckets,
+            label=f"{self.path.name} on {first}",
         )
 
     def _load_error(self, e: Exception, requested: list[tuple[str, dict[str, str]]]) -> str:
@@ -170,9 +228,43 @@ class OrtEngine:
     def run(self, batch: np.ndarray, outputs: list[str] | None = None) -> list[np.ndarray]:
         if self.session is None:
             raise ModelLoadError(f"session for {self.path} is closed")
-        if self.bound is not None:
-            return self.bound.run(batch, outputs or list(self.spec.output_names))
-        return self.session.run(outputs, {self.spec.input_name: batch})
+        graphs, names = self.graphs, outputs or list(self.spec.output_names)
+        if graphs is not None:
+            return graphs.run(batch, names)
+        # On a GPU every run of the process keeps out of a CUDA graph capture (capture_gate.py).
+        with GATE.shared() if self.on_gpu else contextlib.nullcontext():
+            return self._plain_run(batch, names)
+
+    def _plain_run(self, batch: np.ndarray, outputs: list[str]) -> list[np.ndarray]:
+        """The session's own run. On a GPU a batch is padded up to a multiple of PAD_STEP rows: the session then meets a
+        few shapes, not every batch size up to 64, and each new shape costs a first run (0.5 s for FP32 and several
+        seconds for FP16 on an H200: cuDNN's plans and ORT's memory pattern are per shape) and a block of the arena
+        that other shapes cannot always reuse (gpu_mem_limit ran out during a warm-up over 64 sizes there)."""
+        session = self.session
+        if session is None:
+            raise ModelLoadError(f"session for {self.path} is closed")
+        n = len(batch)
+        rows = padded_rows(n, self.opts.tensorrt.max_batch_size) if self.on_gpu else n
+        if rows == n:
+            return session.run(outputs, {self.spec.input_name: batch})
+        x = np.zeros((rows, *batch.shape[1:]), dtype=batch.dtype)
+        x[:n] = batch
+        return [y[:n] for y in session.run(outputs, {self.spec.input_name: x})]
+
+    @property
+    def executor(self) -> ThreadPoolExecutor | None:
+        """With CUDA graphs, the threads the slots' graphs live on: run batches there (no thread hop to a replay)."""
+        return self.graphs.executor if self.graphs is not None else None
+
+    def prepare(self, max_batch: int) -> None:
+        """CUDA graphs captured, checked and timed for batch sizes up to `max_batch` (before traffic)."""
+        if self.graphs is not None:
+            self.graphs.prepare(max_batch)
+
+    @property
+    def fixed_parallel(self) -> bool:
+        """The number of batches run at once is fixed at open (a session and thread per slot with CUDA graphs)."""
+        return self.graphs is not None
 
     def logits(self, batch: np.ndarray) -> np.ndarray:
         return self.run(batch, [self.spec.output_names[0]])[0]
@@ -190,8 +282,19 @@ class OrtEngine:
             "providers": self.providers,
             "requested_providers": self.requested_providers,
             "nodes_per_provider": self.placement_counts(),
+            "cuda_graphs": self.graphs_state(),
         }
+
+    def graphs_state(self) -> dict[str, Any] | None:
+        """None where graphs were not asked for (a CPU engine, or cuda_graphs off)."""
+        if self.graphs is not None:
+            return self.graphs.describe()
+        if self.graphs_off:
+            return {"enabled": True, "active": False, "off": self.graphs_off}
+        return None
 
     def close(self) -> None:
         self.session = None
-        self.bound = None
+        if self.graphs is not None:
+            self.graphs.close()
+        self.graphs = None

@@ -29,7 +29,7 @@ CPU = "CPUExecutionProvider"
 OPENVINO = "OpenVINO"  # not an ONNX Runtime EP: OpenVINO's own runtime (the `openvino` package)
 
 ENGINES = ("auto", "tensorrt", "cuda", "openvino", "cpu")
-PRECISIONS = ("fp32", "int8")
+PRECISIONS = ("fp32", "fp16", "int8")
 GPU_ENGINES = ("tensorrt", "cuda")
 ENGINE_OF_PROVIDER = {TENSORRT: "tensorrt", CUDA: "cuda", CPU: "cpu", OPENVINO: "openvino"}
 # ONNX Runtime session config keys (onnxruntime_session_options_config_keys.h).
@@ -40,7 +40,14 @@ PRECISE_U8S8 = "session.x64quantprecision"
 
 
 class PlanError(ValueError):
-    """A variant cannot run as configured on a node offering these providers; the message says why."""
+    """A variant cannot run as configured on a node offering these providers; the message says why.
+
+    `needs_tensorrt`: the refusal is an INT8 build that only TensorRT runs faster than FP32, on a node without
+    TensorRT: what a variant's declared `fallback` is for (app/runtime/fallback.py)."""
+
+    def __init__(self, message: str, needs_tensorrt: bool = False) -> None:
+        super().__init__(message)
+        self.needs_tensorrt = needs_tensorrt
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,18 @@ class TensorRTOptions:
     workspace_bytes: int = 2 << 30
     builder_optimization_level: int = 3  # TensorRT's default: 4-5 add build minutes for a few percent
     timing_cache: bool = True
+
+
+@dataclass(frozen=True)
+class GraphOptions:
+    """CUDA graphs on a GPU engine (app/runtime/graphs.py): one captured graph per batch-size bucket, in a session of
+    its own per batch slot, a batch padded up to its bucket. The small batches only: on an H200 a replay beat a plain
+    run up to batch 8 and lost from 16 (benchmarks/results/2026-12-04-195603-vm-gpu)."""
+
+    buckets: tuple[int, ...] = (1, 2, 4, 8)
+    # The same buffers, threads, checks and decisions on the CPU EP, where nothing is captured: dry runs and tests
+    # walk the GPU's code path there (never set by a config).
+    on_cpu: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,10 +89,9 @@ class RuntimeOptions:
     device_id: int = 0
     gpu_mem_limit_bytes: int | None = None
     profile_prefix: str | None = None
-    # ONNX Runtime IO binding with a host buffer per batch slot (app/runtime/binding.py): None binds on a GPU
-    # engine only (on the CPU EP it measured no faster: docs/engines.md "IO binding"); True/False insist.
-    io_binding: bool | None = None
     tensorrt: TensorRTOptions = field(default_factory=TensorRTOptions)
+    # CUDA graphs on a GPU engine (app/runtime/graphs.py): the batch sizes captured, one graph each; None: off.
+    cuda_graphs: GraphOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -151,7 +169,8 @@ def engine_build_key(opts: RuntimeOptions) -> str:
     sibling): without them in the directory, a changed `tensorrt.max_batch_size` would load an engine built
     for another profile."""
     trt = opts.tensorrt
-    flags = [f for f, on in (("int8", opts.precision == "int8"), ("fp16", opts.fp16)) if on] or ["fp32"]
+    fp16 = opts.fp16 or opts.precision == "fp16"
+    flags = [f for f, on in (("int8", opts.precision == "int8"), ("fp16", fp16)) if on] or ["fp32"]
     profile = f"b1.{trt.opt_batch_size or trt.max_batch_size}.{trt.max_batch_size}"
     return f"{profile}-{'.'.join(flags)}-ws{trt.workspace_bytes >> 20}m-l{trt.builder_optimization_level}"
 
@@ -169,7 +188,8 @@ def tensorrt_provider(opts: RuntimeOptions, cache_path: str, input_name: str, sa
         # Explicit quantization: a QDQ graph needs the builder's INT8 flag, and no calibration table
         # (onnxruntime#13381, onnxruntime PR #8969).
         "trt_int8_enable": int8,
-        "trt_fp16_enable": opts.fp16,
+        # An FP16 build's weights are FP16: the builder needs the flag to keep its layers in FP16.
+        "trt_fp16_enable": opts.fp16 or opts.precision == "fp16",
         "trt_max_workspace_size": trt.workspace_bytes,
         "trt_builder_optimization_level": trt.builder_optimization_level,
         "trt_engine_cache_enable": True,
@@ -202,7 +222,8 @@ def slow_int8_message(variant: str) -> str:
         f"variant {variant!r} is INT8 but would run on CUDAExecutionProvider without TensorRT: ONNX Runtime's "
         "CUDA EP has no INT8 kernels for QDQ models, so every Conv runs in FP32 with extra Quantize/Dequantize "
         "work and INT8 is slower than FP32. Make TensorrtExecutionProvider usable (TensorRT's libnvinfer and "
-        "libnvonnxparser, see k8s/Dockerfile) and serve the TensorRT artifact, or set allow_slow_int8: true"
+        "libnvonnxparser, see k8s/Dockerfile) and serve the TensorRT artifact, declare what the variant serves "
+        "instead (`fallback: {precision: fp16, model_path: ...}`, docs/engines.md), or set allow_slow_int8: true"
     )
 
 
@@ -224,7 +245,7 @@ def _gpu_choice(
     if not providers:
         return None
     if providers[0].name == CUDA and opts.precision == "int8" and not opts.allow_slow_int8:
-        raise PlanError(slow_int8_message(variant))
+        raise PlanError(slow_int8_message(variant), needs_tensorrt=True)
     config = {RECORD_ASSIGNMENT: "1"}
     if opts.require_gpu:
         config[DISABLE_CPU_FALLBACK] = "1"

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from app.runtime.fallback import Build, NeedsTensorRT, Serving, fallback_failed, tensorrt_absence, tensorrt_failed
 from app.runtime.measure import Throughput, measure_alternating
 from app.runtime.openvino_engine import OpenVinoEngine, openvino_available
 from app.runtime.ort_engine import OrtEngine, ort_version, tensorrt_version, usable_providers
@@ -68,6 +69,10 @@ class Engine(Protocol):
     def placement_counts(self) -> dict[str, int]: ...
 
     def describe(self) -> dict[str, Any]: ...
+
+    def prepare(self, max_batch: int) -> None:
+        """Before traffic, after the open: whatever must happen once per engine (CUDA graphs are captured here)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -293,9 +298,12 @@ def check_int8_placement(variant: str, opts: RuntimeOptions, engine: Engine) -> 
         return
     counts = engine.placement_counts()
     if counts.get(CUDA, 0) > counts.get(TENSORRT, 0):
-        raise ModelLoadError(
-            f"{slow_int8_message(variant)} (TensorRT took {counts.get(TENSORRT, 0)} nodes, CUDA {counts.get(CUDA)}: "
-            "is this a TensorRT build, from `python -m app.models quantize --target tensorrt`?)"
+        engine.close()
+        took = f"TensorRT took {counts.get(TENSORRT, 0)} nodes, CUDA {counts.get(CUDA)}"
+        raise NeedsTensorRT(
+            f"{slow_int8_message(variant)} ({took}: is this a TensorRT build, from `python -m app.models quantize "
+            "--target tensorrt`?)",
+            f"TensorRT refused most of the graph ({took})",
         )
 
 
@@ -304,6 +312,7 @@ class Opened:
     engine: Engine
     plan: EnginePlan
     candidates: dict[str, Throughput] = field(default_factory=dict)  # measured, when the plan had several
+    serving: Serving | None = None  # set when the variant's declared fallback runs instead of its own build
 
 
 # Candidates are compared at a batch no larger than this: per-image cost on a CPU is nearly flat in the batch
@@ -311,11 +320,33 @@ class Opened:
 CHOICE_BATCH = 8
 
 
-def open_engine(variant: str, path: str, opts: RuntimeOptions, measure_batch: int = 16) -> Opened:
-    """The engine `variant` runs on here: planned, built, checked, and (for several candidates) measured."""
+def open_engine(
+    variant: str, path: str, opts: RuntimeOptions, measure_batch: int = 16, fallback: Build | None = None
+) -> Opened:
+    """The engine `variant` runs on here: planned, built, checked, and (for several candidates) measured. When the
+    build runs as intended only on TensorRT and TensorRT is not usable here, `fallback` (the variant's declared
+    fallback build) is opened instead and `Opened.serving` says so (app/runtime/fallback.py)."""
+    try:
+        return _open_build(variant, path, opts, measure_batch)
+    except NeedsTensorRT as refused:
+        if fallback is None:
+            raise
+        serving = Serving(opts.precision, path, fallback.opts.precision, fallback.path, refused.reason)
+        logger.warning("%s (%s)", serving.line(variant), "the variant's declared fallback")
+        try:
+            opened = _open_build(variant, fallback.path, fallback.opts, measure_batch)
+        except ModelLoadError as e:
+            raise fallback_failed(variant, refused, fallback, e) from e
+        opened.serving = serving
+        return opened
+
+
+def _open_build(variant: str, path: str, opts: RuntimeOptions, measure_batch: int) -> Opened:
     try:
         plan = plan_for(variant, path, opts)
     except PlanError as e:
+        if e.needs_tensorrt:
+            raise NeedsTensorRT(str(e), tensorrt_absence(usable_providers())) from e
         raise ModelLoadError(str(e)) from e
     first = plan.candidates[0]
     try:
@@ -328,6 +359,8 @@ def open_engine(variant: str, path: str, opts: RuntimeOptions, measure_batch: in
         try:
             plan = _checked_plan(variant, path, opts, [p for p in usable_providers() if p != TENSORRT])
         except PlanError as again:
+            if again.needs_tensorrt:
+                raise NeedsTensorRT(f"{again} (TensorRT failed: {e})", tensorrt_failed(e)) from e
             raise ModelLoadError(f"{again} (TensorRT failed: {e})") from e
         engines = [build(path, opts, choice) for choice in plan.candidates]
     for engine in engines:

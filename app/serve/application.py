@@ -24,26 +24,36 @@ class ConfigError(ValueError):
 
 
 def ensure_models(args: AppArgs) -> None:
-    """Build the built-in models if they are missing and allowed to; else insist every file exists."""
-    missing = {name: args.resolved_path(v.model_path) for name, v in args.variants.items()}
-    missing = {name: p for name, p in missing.items() if not p.is_file()}
-    buildable = {name: p for name, p in missing.items() if args.build_default_models and args.is_default_model(p)}
+    """Build the built-in models if they are missing and allowed to; else insist every file exists (a variant's declared
+    fallback's too: the node that needs it is the one where the variant's own build cannot run)."""
+    declared = {f"{name}.model_path": args.resolved_path(v.model_path) for name, v in args.variants.items()}
+    declared |= {
+        f"{name}.fallback.model_path": args.resolved_path(v.fallback.model_path)
+        for name, v in args.variants.items()
+        if v.fallback is not None
+    }
+    missing = {field: p for field, p in declared.items() if not p.is_file()}
+    buildable = {field: p for field, p in missing.items() if args.build_default_models and args.is_default_model(p)}
     for root in {p.parent for p in buildable.values()}:
         files = ModelFiles(root)
-        build_default_models(files, tensorrt=files.int8_trt in buildable.values(), model=args.model)
-    still = {name: p for name, p in missing.items() if not p.is_file()}
+        wanted = set(buildable.values())
+        build_default_models(files, tensorrt=files.int8_trt in wanted, model=args.model, fp16=files.fp16 in wanted)
+    still = {field: p for field, p in missing.items() if not p.is_file()}
     if still and args.check_model_files:
-        name, path = next(iter(sorted(still.items())))
-        raise ConfigError(f"variants.{name}.model_path: model file not found: {path}")
+        field, path = next(iter(sorted(still.items())))
+        raise ConfigError(f"variants.{field}: model file not found: {path}")
     try:
         args.check_graphs()  # the declaration against every graph here (a Classifier checks its own at start too)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
 
-def build_default_models(files: ModelFiles, tensorrt: bool = False, model: ModelDeclaration | None = None) -> None:
-    """FP32 + INT8 (+ the TensorRT INT8 when a variant uses it), once, under a file lock (builders may race); the
-    INT8 builds calibrated on images prepared as `model` declares (default: the built-in declaration)."""
+def build_default_models(
+    files: ModelFiles, tensorrt: bool = False, model: ModelDeclaration | None = None, fp16: bool = False
+) -> None:
+    """FP32 + INT8 (+ the TensorRT INT8 and the FP16 build when a variant uses them), once, under a file lock
+    (builders may race); the INT8 builds calibrated on images prepared as `model` declares (default: the built-in
+    declaration)."""
     from app.models.build import build_fp32
     from app.models.quantize import QuantizeOptions, quantize
     from app.models.samples import augmented_samples
@@ -59,6 +69,11 @@ def build_default_models(files: ModelFiles, tensorrt: bool = False, model: Model
         if tensorrt and not files.int8_trt.is_file():
             logger.info("quantizing %s -> %s for TensorRT (first start only)", files.fp32, files.int8_trt)
             quantize(files.fp32, files.int8_trt, augmented_samples(64, 0), QuantizeOptions(target="tensorrt"), model)
+        if fp16 and not files.fp16.is_file():
+            from app.models.fp16 import convert
+
+            logger.info("converting %s -> %s (first start only)", files.fp32, files.fp16)
+            convert(files.fp32, files.fp16)
 
 
 def build_app(args: AppArgs) -> Application:

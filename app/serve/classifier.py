@@ -19,8 +19,9 @@ from app.config import AppArgs, ClassifierConfig
 from app.imaging.payloads import Pixels, Scores
 from app.models.model_io import ModelIO, model_io
 from app.models.prologue import served_model
-from app.runtime import CUDA, TENSORRT, ModelLoadError, Opened, open_engine, threads_for, top_k
+from app.runtime import Build, ModelLoadError, Opened, open_engine, threads_for, top_k
 from app.runtime.startup import StartupReport, run_speed_gate, start_report
+from app.serve.classifier_report import ClassifierReport
 from app.serve.metrics import ClassifierMetrics
 from app.serve.profiling_twin import ProfilingTwin
 from app.serve.serve_internals import max_ongoing_requests, replica_id
@@ -42,12 +43,20 @@ class _Done:
     batch_size: int
 
 
+def _flush_log() -> None:
+    """Serve's throughput-optimised mode (configs/serve.env) buffers a replica's log records, 1,000 at a time
+    (RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE): flushed here, the engine's start-up story (what runs, a fallback and why,
+    CUDA graphs) is in the replica's log file when it starts serving, not after its thousandth request."""
+    for handler in logger.handlers:
+        handler.flush()
+
+
 def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 3)
 
 
 @serve.deployment(name="Classifier", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=32)
-class Classifier:
+class Classifier(ClassifierReport):
     """One model variant behind dynamic batching; the engine is chosen, checked and measured at start.
 
     The engine is opened by the first `reconfigure` (Serve runs it before the replica takes traffic):
@@ -62,6 +71,8 @@ class Classifier:
         # here, a contradiction fails the replica naming the field (`serve status` shows it).
         self.io: ModelIO = model_io(self.args.model, path, f"Classifier_{variant}: variants.{variant}.model_path")
         self.model_path = str(self.io.served.path)
+        self.requested_io = self.io  # self.io becomes the fallback's when the variant's declared fallback serves
+        self._fallback_io: ModelIO | None = None
         resources = ray.get_runtime_context().get_assigned_resources()
         self.num_cpus = float(resources.get("CPU", 1.0))
         self.gpu = bool(ray.get_gpu_ids())
@@ -76,11 +87,6 @@ class Classifier:
         self._profile: ProfilingTwin | None = None
         self.metrics = ClassifierMetrics(self.args.model.name)
 
-    @property
-    def engine(self) -> Any:
-        assert self.opened is not None, "reconfigure opens the engine before any request"
-        return self.opened.engine
-
     # -- configuration (live) ------------------------------------------------------
 
     def reconfigure(self, config: dict[str, Any]) -> None:
@@ -93,6 +99,8 @@ class Classifier:
             self._warm_up(cfg.max_batch_size)
         if opening:  # a reopened engine may be another one (auto chooses again): its own figures, not the last's
             self._measure(cfg)
+        if opening:
+            _flush_log()
         if cfg.profile_batches != (self.cfg.profile_batches if self.cfg else 0) and cfg.profile_batches > 0:
             assert self._profile is not None
             self._profile.start(cfg.profile_batches, cfg.profile_dir, self.replica_id)
@@ -117,17 +125,36 @@ class Classifier:
         return cfg
 
     def _needs_reopen(self, cfg: ClassifierConfig) -> bool:
-        """OpenVINO is compiled for a number of parallel calls; ONNX Runtime sessions serve any number."""
+        """OpenVINO is compiled for a number of parallel calls, and with CUDA graphs each batch slot is a session and a
+        thread of its own: both open again for another max_concurrent_batches. Plain ONNX Runtime serves any number."""
         return (
-            self.engine.name == "openvino"
+            bool(getattr(self.engine, "fixed_parallel", False))
             and self.cfg is not None
             and (cfg.max_concurrent_batches != self.cfg.max_concurrent_batches)
         )
 
+    def _fallback(self, streams: int) -> Build | None:
+        """The variant's declared fallback build, as this replica would run it (None: it declares none)."""
+        declared = self.args.fallback_options(self.variant, self.gpu, self.threads, streams)
+        if declared is None:
+            return None
+        path, opts = declared
+        where = f"Classifier_{self.variant}: variants.{self.variant}.fallback.model_path"
+        try:
+            self._fallback_io = model_io(self.args.model, path, where)
+        except ValueError as e:
+            # Needed only where the variant's own build is refused: opening it there says what is wrong with it.
+            logger.info("Classifier_%s: its fallback cannot be read here (%s)", self.variant, e)
+            return Build(str(path), opts)
+        return Build(str(self._fallback_io.served.path), opts)
+
     def _open(self, cfg: ClassifierConfig) -> None:
         opts = self.args.runtime_options(self.variant, self.gpu, self.threads, cfg.max_concurrent_batches)
         try:
-            opened = open_engine(self.variant, self.model_path, opts, measure_batch=cfg.max_batch_size)
+            fallback = self._fallback(cfg.max_concurrent_batches)
+            opened = open_engine(self.variant, self.model_path, opts, cfg.max_batch_size, fallback)
+            # CUDA graphs captured before any request: each slot alone on the GPU (app/runtime/graphs.py).
+            opened.engine.prepare(cfg.max_batch_size)
         except ModelLoadError as e:
             # Raised at start, this fails the replica; `serve status` shows the message.
             raise RuntimeError(f"Classifier_{self.variant}: {e}") from e
@@ -135,17 +162,23 @@ class Classifier:
         if old is not None:
             old.engine.close()  # batches already running on it finish: they hold their own reference
         self._warmed_to = 0
-        chosen = next(c for c in opened.plan.candidates if c.engine == opened.engine.name)
-        self._profile = ProfilingTwin(self.variant, self.model_path, opts, chosen)
+        if opened.serving is not None and fallback is not None and self._fallback_io is not None:
+            self.io, opts = self._fallback_io, fallback.opts  # select.open_engine logged why
+        else:
+            self.io = self.requested_io
+        chosen = next((c for c in opened.plan.candidates if c.engine == opened.engine.name), opened.plan.candidates[0])
+        self._profile = ProfilingTwin(self.variant, str(self.io.served.path), opts, chosen)
         self._report_provider()
         logger.info(
-            "Classifier_%s loaded %s on %s (%s), %d threads x %d parallel batches",
+            "Classifier_%s loaded %s (%s) on %s (%s), %d threads x %d parallel batches; CUDA graphs: %s",
             self.variant,
-            self.model_path,
+            self.io.served.path,
+            opts.precision,
             self.engine.name,
             self.engine.describe().get("nodes_per_provider") or self.engine.active_provider,
             opts.threads,
             opts.streams,
+            (self.engine.describe().get("cuda_graphs") or {}).get("graph_batch_sizes", "off"),
         )
 
     def _set_batching(self, cfg: ClassifierConfig) -> None:
@@ -167,7 +200,7 @@ class Classifier:
     def _warm_up(self, up_to: int) -> None:
         """Every batch size once, so no user request pays for first-run allocation."""
         t0 = time.perf_counter()
-        for n in range(self._warmed_to + 1, up_to + 1):
+        for n in range(up_to, self._warmed_to, -1):  # largest first: the arena grows once (docs/engines.md)
             self.engine.logits(self.engine.dummy_batch(n))
         self._warmed_to = up_to
         gc.collect()
@@ -223,8 +256,10 @@ class Classifier:
         started = time.perf_counter()
         x = items[0].pixels if len(items) == 1 else np.concatenate([it.pixels for it in items])
         loop = asyncio.get_running_loop()
-        # Engines release the GIL; running them off the event loop keeps requests flowing into the queue.
-        logits = await loop.run_in_executor(self._executor, self._infer, x)
+        # Engines release the GIL; running them off the event loop keeps requests flowing into the queue. With CUDA
+        # graphs the engine's own slot threads run the batch: its graphs live on them (app/runtime/graphs.py).
+        executor = getattr(self.engine, "executor", None) or self._executor
+        logits = await loop.run_in_executor(executor, self._infer, x)
         inference_ms = _ms(time.perf_counter() - started)
         self.metrics.record_batch(self.variant, len(x), inference_ms)
         out, row = [], 0
@@ -242,53 +277,3 @@ class Classifier:
             finally:
                 self._profile.done_one()  # type: ignore[union-attr]
         return self.engine.logits(x)
-
-    # -- introspection -------------------------------------------------------------------
-
-    def describe(self) -> dict[str, Any]:
-        cfg = self.cfg or ClassifierConfig()
-        engine = self.engine.describe()
-        plan = self.opened.plan if self.opened is not None else None
-        return {
-            "variant": self.variant,
-            "model": self.args.model.name,
-            "model_file": str(self.io.served.source),
-            "precision": self.args.variants[self.variant].precision,
-            **engine,
-            "on_gpu": engine["execution_provider"] in (CUDA, TENSORRT),
-            "gpu_granted": self.gpu,
-            "fell_back_to_cpu": bool(plan is not None and self.gpu and not plan.gpu),
-            "plan_note": plan.note if plan is not None else "",
-            **(self.report.describe() if self.report is not None else {}),
-            "intra_op_threads": self.threads,
-            "num_cpus": self.num_cpus,
-            "batching": {
-                "max_batch_size": cfg.max_batch_size,
-                "batch_wait_timeout_s": cfg.batch_wait_timeout_s,
-                "max_concurrent_batches": cfg.max_concurrent_batches,
-            },
-            "warmed_up_to": self._warmed_to,
-            "profiling": self._profile.state() if self._profile is not None else None,
-            "input": self.io.describe(self.args.model),
-            "replica_id": self.replica_id,
-            "node_id": ray.get_runtime_context().get_node_id(),
-        }
-
-    def labels(self) -> list[str]:
-        """One label per class (the declaration's file, ImageNet-1k's for 1000 classes, else class_<i>)."""
-        return self.io.labels
-
-    def ready(self) -> bool:
-        return (
-            self.opened is not None
-            and self.engine.alive
-            and self.cfg is not None
-            and (not self.cfg.warmup or self._warmed_to > 0)
-        )
-
-    def check_health(self) -> None:
-        if self.opened is not None and not self.engine.alive:
-            raise RuntimeError(f"Classifier_{self.variant}: the engine is gone")
-
-    def _report_provider(self) -> None:
-        self.metrics.record_provider(self.variant, self.engine.active_provider, self.engine.requested_providers)

@@ -202,8 +202,13 @@ class ClassifierMetrics:
         )
         self.provider = Gauge(
             "app_execution_provider",
-            "1 for the execution provider really active in this replica",
-            tag_keys=("variant", "provider", "requested", "model"),
+            "1 for the execution provider really active in this replica, with the precision it really runs",
+            tag_keys=("variant", "provider", "requested", "precision", "model"),
+        )
+        self.fallback = Gauge(
+            "app_variant_fallback",
+            "1 while this replica serves its variant's declared fallback, not the build it requested (why: reason)",
+            tag_keys=("variant", "requested_precision", "precision", "reason", "model"),
         )
         self.measured = Gauge(
             "app_engine_images_per_second",
@@ -243,9 +248,18 @@ class ClassifierMetrics:
         self.batches.inc(tags=tags)
         self.batch_ms.observe(inference_ms, tags=tags)
 
-    def record_provider(self, variant: str, provider: str, requested: list[str]) -> None:
-        tags = {"variant": variant, "provider": provider, "requested": ",".join(requested)}
+    def record_provider(self, variant: str, provider: str, requested: list[str], precision: str) -> None:
+        tags = {"variant": variant, "provider": provider, "requested": ",".join(requested), "precision": precision}
         self.held.replace(self.provider, [(tags, 1)])
+
+    def record_fallback(self, variant: str, serving: dict[str, str] | None) -> None:
+        """The fallback in force (`Serving.describe()`), or none: its series lapses (HeldGauges.replace)."""
+        if serving is None:
+            self.held.replace(self.fallback, [])
+            return
+        tags = {"variant": variant, "reason": serving["reason"][:200]}
+        tags |= {"requested_precision": serving["requested_precision"], "precision": serving["precision"]}
+        self.held.replace(self.fallback, [(tags, 1)])
 
 
 ROLLOUT_STATES = ("idle", "running", "promoted", "rolled_back", "aborted")

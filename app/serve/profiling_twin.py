@@ -41,7 +41,9 @@ class ProfilingTwin:
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         prefix = str(out / f"{self.variant}-{replica_id}-{int(time.time())}")
-        runner = OrtEngine(self.model_path, dataclasses.replace(self.opts, profile_prefix=prefix), self.choice)
+        # A plain session: ORT profiles its kernels, and a CUDA graph's replay runs none of them one by one.
+        opts = dataclasses.replace(self.opts, profile_prefix=prefix, cuda_graphs=None)
+        runner = OrtEngine(self.model_path, opts, self.choice)
         with self.lock:
             self.runner, self.left = runner, batches
         logger.info("Classifier_%s profiling the next %d batches into %s", self.variant, batches, out)
