@@ -1,0 +1,226 @@
+"""The served app measured on one GPU node: configs/prod.yaml's deployments at a fixed shape, under wrk.
+
+    python -m benchmarks.gpu_serve                      # on a GPU node (1 GPU, its cores), ~3-5 minutes
+    python -m benchmarks.gpu_serve --cpu-dry-run        # the same code paths on this machine's CPUs, ~1.5 minutes
+    python -m benchmarks.gpu_serve --routers 8 --preprocessors 7 --duration 20 --engine-result FILE --out DIR
+
+Derives the served config from --config (benchmarks/gpu_serve/shape.py), starts Ray on this node as README
+"Production" says with the admission front (node.py), deploys, waits until every deployment is healthy, captures GET
+/v1/models, runs the c=1 Server-Timing steps and the four throughput steps (steps.py), stops everything it started,
+and writes benchmarks/results/<stamp>-<host>-gpu-serve{,-dryrun}.{json,md,png} with the verdicts against the engine's
+own rate (verdict.py). Exit 0: the run completed (a missed target is a result); 1: the app could not be served or
+measured (the report says why; `serve status` with the replicas' errors is printed); 2: it cannot run here at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+import yaml
+
+from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp, usable_cores
+from benchmarks.gpu_serve import groups, report, steps, verdict
+from benchmarks.gpu_serve.gpu import gpu_count
+from benchmarks.gpu_serve.node import CPU_POOL, REPO, Node, NodeError, node_error, serve_port
+from benchmarks.gpu_serve.shape import PREPROCESSOR_SHARE, RESERVED_CORES, Shape, default_counts, derive, model_paths
+from benchmarks.gpu_serve.shape import given_cores as deployment_cores
+from benchmarks.load import Workload
+
+GPU = {"duration_s": 20.0, "warmup_s": 3.0, "c1_requests": 200, "c1_warmup": 10, "ready_s": 900.0}
+DRY = {"duration_s": 5.0, "warmup_s": 1.0, "c1_requests": 20, "c1_warmup": 3, "ready_s": 180.0}
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.gpu_serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--config", type=Path, default=REPO / "configs" / "prod.yaml", help="the Serve config to serve")
+    default_models = Path(os.environ.get("APP_MODEL_DIR") or REPO / "models")
+    p.add_argument("--models", type=Path, default=default_models, help="model files ($APP_MODEL_DIR or ./models)")
+    p.add_argument("--cpu-dry-run", action="store_true", help="device cpu, no GPU, 1 replica each, short steps")
+    p.add_argument("--routers", type=int, help="Router replicas (default: from the node's cores; dry run 1)")
+    p.add_argument("--preprocessors", type=int, help="Preprocessor replicas (default: from the cores; dry run 1)")
+    p.add_argument("--duration", type=float, help="measured seconds per throughput step (20; dry run 5)")
+    p.add_argument("--single-concurrency", type=int, help="single-image step's c (default 16 per Router, >= 32)")
+    p.add_argument("--batch-concurrency", type=int, help="16-image step's c (default 4 per Router, >= 8)")
+    p.add_argument("--ready-timeout", type=float, help="seconds for every deployment to be healthy (900; dry run 180)")
+    p.add_argument("--engine-result", type=Path, help="gpu_check's result JSON (default: newest in --out, results/)")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the report goes")
+    args = p.parse_args(argv)
+    for name in ("routers", "preprocessors", "single_concurrency", "batch_concurrency"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+def shape_of(args: argparse.Namespace, prod: dict[str, Any], cores: int) -> tuple[Shape, str]:
+    """The replica counts (flags, else from the cores) and the sentence that says where they came from."""
+    if args.cpu_dry_run:
+        routers, pre = args.routers or 1, args.preprocessors or 1
+        why = (
+            "A CPU dry run: one replica of each, every one num_cpus 0.25, Classifier batches of at most 16 and the CPU "
+            "INT8 build in place of the TensorRT one, so all of it starts and runs on this machine's cores."
+        )
+    else:
+        d_routers, d_pre = default_counts(cores, prod)
+        routers, pre = args.routers or d_routers, args.preprocessors or d_pre
+        why = (
+            f"Default from {cores} cores: one Classifier per variant at prod.yaml's CPU, {RESERVED_CORES:g} cores kept "
+            f"for wrk (2 threads) and HAProxy (1 thread), the rest {PREPROCESSOR_SHARE:.0%} to the Preprocessors "
+            "(decode: ~2-4 CPU-ms per image) and the remainder to the Routers (~1-2 CPU-ms per request), each at "
+            f"prod.yaml's num_cpus, capped at its max_replicas: {d_routers} Routers and {d_pre} Preprocessors"
+            + ("" if (args.routers, args.preprocessors) == (None, None) else "; overridden by the flags")
+            + "."
+        )
+    return Shape(routers, pre, dry_run=args.cpu_dry_run), why
+
+
+def plan_of(args: argparse.Namespace, shape: Shape) -> steps.Plan:
+    base = DRY if args.cpu_dry_run else GPU
+    c = {k: steps.concurrency(k, shape.routers, shape.dry_run) for k in steps.KINDS}
+    c = {"single": args.single_concurrency or c["single"], "batch16": args.batch_concurrency or c["batch16"]}
+    duration = args.duration if args.duration is not None else base["duration_s"]
+    return steps.Plan(duration, base["warmup_s"], int(base["c1_requests"]), int(base["c1_warmup"]), c)
+
+
+def missing_files(served: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(required files missing, fallback files missing): a fallback's file is needed only when it runs."""
+    gone = [f"{k}: {v}" for k, v in model_paths(served).items() if not Path(v).is_file()]
+    fallbacks = [g for g in gone if g.split(":", 1)[0].endswith(".fallback")]
+    return [g for g in gone if g not in fallbacks], fallbacks
+
+
+def probe(url: str) -> bool:
+    """One real request through the whole path (HAProxy, a Router, a Preprocessor, a Classifier) answers 200."""
+    body, headers = Workload(url + "/v1/classify", sizes=(steps.SIZES["640x480"],)).payloads()[0]
+    try:
+        return httpx.post(url + "/v1/classify", content=body, headers=headers, timeout=30).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def models_json(url: str) -> dict[str, Any] | str:
+    """GET /v1/models as the Router answered it, or why not."""
+    try:
+        r = httpx.get(url + "/v1/models", timeout=30)
+        return r.json() if r.status_code == 200 else f"HTTP {r.status_code}: {r.text[:300]}"
+    except (httpx.HTTPError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def ingress_of(models: dict[str, Any] | str) -> dict[str, Any] | str:
+    if not isinstance(models, dict):
+        return "n/a"
+    front = models.get("admission_front") or {}
+    return {"runs": (models.get("ingress") or {}).get("runs"), "front_in_place": front.get("in_place")}
+
+
+def measure(node: Node, plan: steps.Plan, served: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    """The c=1 steps (an idle node), then the throughput steps."""
+    url = node.url + "/v1/classify"
+    latency = [steps.latency_step(url, size, plan) for size in steps.SIZES]
+    nbthread = int(node.env.get("RAY_SERVE_HAPROXY_NBTHREAD") or 1)
+    given = groups.given_cores(deployment_cores(served), nbthread, steps.WRK_THREADS)
+    throughput = [
+        steps.throughput_step(url, kind, size, plan, node.pids, given) for kind in steps.KINDS for size in steps.SIZES
+    ]
+    return latency, throughput
+
+
+def unmeasured(latency: list[dict[str, Any]], throughput: list[dict[str, Any]]) -> list[str]:
+    """The steps in which no request succeeded: the app was not measured there (errors alone are a result)."""
+    return [f"{s['kind']} {s['size']} c={s['concurrency']}: {s['errors']}" for s in latency + throughput if not s["ok"]]
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # SIGTERM as Ctrl-C: the node is stopped on the way out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    t_start = time.perf_counter()
+    if shutil.which("wrk") is None:
+        print("error: the throughput steps are sent by wrk, not on PATH (apt-get install wrk)", file=sys.stderr)
+        return 2
+    cores, gpus = usable_cores(), 0 if args.cpu_dry_run else gpu_count()
+    if not args.cpu_dry_run and gpus == 0:
+        print("error: no GPU (nvidia-smi lists none); --cpu-dry-run runs the same flow on the CPUs", file=sys.stderr)
+        return 2
+    prod = yaml.safe_load(args.config.read_text())
+    shape, why = shape_of(args, prod, cores)
+    plan = plan_of(args, shape)
+    tmp = Path(tempfile.mkdtemp(prefix="gsv-", dir="/tmp"))  # short: Ray's and HAProxy's socket paths live under it
+    port = serve_port()
+    served = derive(prod, shape, models=args.models.resolve(), trt_cache=tmp / "trt-cache", http_port=port,
+                    grpc_port=port + 95)  # fmt: skip
+    required, fallbacks = missing_files(served)
+    if required:
+        print(f"error: model files missing: {'; '.join(required)} (--models DIR)", file=sys.stderr)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return 2
+    if fallbacks:
+        print(f"warning: a fallback's model file is missing (used only if it runs): {'; '.join(fallbacks)}", flush=True)
+    env = print_environment()
+    print(f"shape: {shape.describe()}\n{why}\nplan: {plan}\nrun directory: {tmp}", flush=True)
+    node = Node(tmp, served, cores, gpus, port)
+    result: dict[str, Any] = {"stamp": stamp(), "dry_run": args.cpu_dry_run, "environment": env}
+    result |= {"config_source": str(args.config), "models_dir": str(args.models.resolve()), "served_config": served}
+    result["shape"] = {"routers": shape.routers, "preprocessors": shape.preprocessors, "describe": shape.describe()}
+    result["shape"] |= {"why": why, "cores": cores, "gpus": gpus, "cpu_pool": CPU_POOL}
+    result["shape"]["given_cores"] = deployment_cores(served)
+    why_c = steps.WHY_DRY_RUN if shape.dry_run else steps.WHY
+    result["plan"] = {**plan.__dict__, "why_concurrency": why_c}
+    result |= {"latency_steps": [], "throughput_steps": [], "error": None, "models": None, "ingress": None}
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    failed = True
+    try:
+        node.prepare()
+        node.start()
+        node.deploy()
+        ready_s = args.ready_timeout or (DRY if args.cpu_dry_run else GPU)["ready_s"]
+        print(f"deployed; waiting for every deployment to be healthy (at most {ready_s:g} s)...", flush=True)
+        status = node.wait_healthy(ready_s, lambda: probe(node.url))
+        print(f"ready: {node.timings_s}", flush=True)
+        result["serve_status"] = status
+        models = models_json(node.url)
+        result["models"] = models
+        result["latency_steps"], result["throughput_steps"] = measure(node, plan, served)
+        result["models_after"] = models_json(node.url)  # the ingress report once requests have passed the front
+        result["ingress"] = ingress_of(result["models_after"])
+        if empty := unmeasured(result["latency_steps"], result["throughput_steps"]):
+            raise NodeError(f"no request succeeded in {'; '.join(empty)}")
+        failed = False
+    except (NodeError, ConnectionError, OSError) as e:
+        result["error"] = node_error(e)
+        print(f"FAILED: {result['error']}", file=sys.stderr, flush=True)
+    except KeyboardInterrupt as e:
+        result["error"] = f"interrupted ({str(e) or 'Ctrl-C'})"
+        print(f"\n{result['error']}: stopping the node", file=sys.stderr, flush=True)
+    finally:
+        result["node"] = {**node.timings_s, "stop": node.stop()}
+        signal.signal(signal.SIGTERM, previous)
+        print(f"stopped: {result['node']['stop']}", flush=True)
+    c1 = next((s for s in result["latency_steps"] if s["size"] == "640x480"), None)
+    batch = next((s for s in result["throughput_steps"] if (s["kind"], s["size"]) == ("batch16", "640x480")), None)
+    found = (verdict.find_engine_result(d, args.cpu_dry_run) for d in dict.fromkeys((args.out, RESULTS_DIR)))
+    result["engine"] = verdict.read_engine(args.engine_result or next((f for f in found if f), None))
+    result["verdicts"] = {"throughput": verdict.throughput_verdict(batch, result["engine"], c1)}
+    result["verdicts"]["latency"] = verdict.latency_verdict(c1)
+    result["wall_s"] = round(time.perf_counter() - t_start, 1)
+    name = f"{result['stamp']}-{host_name()}-gpu-serve{'-dryrun' if args.cpu_dry_run else ''}"
+    print(report.write(result, args.out, name))
+    if failed:
+        print(f"the run's files are kept for a look: {tmp}", file=sys.stderr)
+    else:
+        node.remove_files()
+    return 1 if failed else 0
