@@ -1,0 +1,152 @@
+"""The kit's steps on the node, each called by run.sh with the node's Python, from the assembled project:
+
+    python -m benchmarks.gpu_kit.node libdirs --exclude SITE   # LD_LIBRARY_PATH for the CUDA 13 / cuDNN 9 libraries
+    python -m benchmarks.gpu_kit.node scripts SITE              # the site's console scripts run with this Python
+    python -m benchmarks.gpu_kit.node check ROOT                # every requirement met by what Python imports now
+    python -m benchmarks.gpu_kit.node env                       # the environment the checks then run in
+
+Only the standard library, and `packaging` for `check`: this runs before anything else of the project is known to
+import there. The CUDA libraries come from the node Python's own `nvidia` pip packages (torch's), found where they
+are rather than at paths written down here: the first GPU contact found them by name
+(../shared/gpu-2026-12-04/libs.sh); here every nvidia/**/lib folder of the Python's site folders is asked for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import site
+import sys
+from collections.abc import Iterable
+from importlib import metadata
+from pathlib import Path
+
+# What ONNX Runtime's CUDA provider and cuDNN load (app/runtime/ort_engine.py PROVIDER_LIBRARIES) and what those
+# load in turn (cuDNN 9's engines: cuFFT, nvJitLink), at the majors of the node's torch 2.11+cu130.
+CUDA_LIBRARIES = (
+    "libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libcurand.so.10", "libcudnn.so.9", "libcufft.so.12",
+    "libnvJitLink.so.13",
+)  # fmt: skip
+EXIT_UNMET = 3  # run.sh's exit status when a requirement is not met
+
+
+def python_sites(exclude: Iterable[Path] = ()) -> list[Path]:
+    """This Python's site folders and the other folders on its path, those in `exclude` left out."""
+    skip = {p.resolve() for p in exclude}
+    user = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    candidates = [*site.getsitepackages(), *([user] if user else []), *sys.path]
+    dirs = (Path(p).resolve() for p in candidates if p and Path(p).is_dir())
+    return [p for p in dict.fromkeys(dirs) if p not in skip]
+
+
+def library_dirs(sites: Iterable[Path], libraries: Iterable[str] = CUDA_LIBRARIES) -> tuple[list[Path], list[str]]:
+    """The nvidia/**/lib folders of `sites` that hold `libraries` (the first found for each), and those not found."""
+    wanted, found = list(libraries), {}
+    for root in sites:
+        for lib_dir in sorted(p for p in (root / "nvidia").glob("**/lib") if p.is_dir()):
+            for lib in wanted:
+                if lib not in found and (lib_dir / lib).exists():
+                    found[lib] = lib_dir
+    return list(dict.fromkeys(found[lib] for lib in wanted if lib in found)), [x for x in wanted if x not in found]
+
+
+def fix_scripts(bin_dir: Path, python: str) -> list[str]:
+    """Point the console scripts pip wrote (for the building machine's Python) at `python`; add app-haproxy, the
+    project's own (pyproject.toml [project.scripts]), which the kit does not install."""
+    changed = []
+    for script in sorted(p for p in bin_dir.glob("*") if p.is_file()) if bin_dir.is_dir() else []:
+        lines = script.read_bytes().split(b"\n")
+        if lines[0].startswith(b"#!/bin/sh") and len(lines) > 2 and lines[1].startswith(b"'''exec'"):
+            body = lines[3:]  # pip's header for a long interpreter path, 3 lines: sh re-executing Python
+        elif lines[0].startswith(b"#!") and b"python" in lines[0]:
+            body = lines[1:]
+        else:
+            continue
+        script.write_bytes(b"\n".join([f"#!{python}".encode(), *body]))
+        changed.append(script.name)
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    haproxy = bin_dir / "app-haproxy"
+    haproxy.write_text(f"#!{python}\nimport sys\n\nfrom app.front import main\n\nsys.exit(main())\n")
+    haproxy.chmod(0o755)
+    return changed
+
+
+def unmet(root: Path) -> tuple[list[str], dict[str, int]]:
+    """The requirements (kit.json's, and on through the distributions the kit carries) not met by what Python
+    imports now; and how many distributions came from the kit's site and from the node's."""
+    from benchmarks.gpu_kit.closure import Found, walk
+
+    kit_site = (root / "site").resolve()
+
+    def lookup(name: str) -> Found | None:
+        try:
+            d = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            return None
+        where = Path(str(d.locate_file(""))).resolve()
+        return Found(d.metadata["Name"], d.version, tuple(d.requires or ()), where == kit_site)
+
+    done = walk(json.loads((root / "kit.json").read_text())["requirements"], lookup)
+    kit = sum(f.walk_on for f in done.found.values())
+    return done.problems, {"kit": kit, "node": len(done.found) - kit}
+
+
+def describe() -> None:
+    """Python, ONNX Runtime (version, where from, its providers, those whose libraries load), Ray, numpy."""
+    print(f"python       {sys.version.split()[0]} ({sys.executable})")
+    try:
+        import onnxruntime as ort
+
+        where = Path(ort.__file__).parent
+        print(f"onnxruntime  {ort.__version__} ({where}); built with {ort.get_available_providers()}")
+        from app.runtime.ort_engine import usable_providers
+
+        print(f"             providers whose libraries load here: {usable_providers()}")
+    except Exception as e:  # reported, not fatal: the checks say what they cannot run
+        print(f"onnxruntime  cannot be used: {type(e).__name__}: {e}")
+    for name, module in (("ray", "ray"), ("numpy", "numpy")):
+        try:
+            origin = getattr(importlib.util.find_spec(module), "origin", None)
+            print(f"{name:<12} {metadata.version(name)} ({Path(origin).parent if origin else '?'})")
+        except (metadata.PackageNotFoundError, ImportError) as e:
+            print(f"{name:<12} missing: {e}")
+    print(f"LD_LIBRARY_PATH={os.environ.get('LD_LIBRARY_PATH', '')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_kit.node", description=__doc__)
+    sub = p.add_subparsers(dest="step", required=True)
+    libdirs = sub.add_parser("libdirs", help="print the library folders, ':'-joined; the missing ones on stderr")
+    libdirs.add_argument("--exclude", type=Path, action="append", default=[])
+    sub.add_parser("scripts").add_argument("site", type=Path)
+    sub.add_parser("check").add_argument("root", type=Path)
+    sub.add_parser("env")
+    a = p.parse_args(argv)
+    if a.step == "libdirs":
+        dirs, missing = library_dirs(python_sites(a.exclude))
+        for lib in missing:
+            print(f"not found under this Python's nvidia packages: {lib} (the CUDA targets will say what they lack)",
+                  file=sys.stderr)  # fmt: skip
+        print(":".join(map(str, dirs)))
+    elif a.step == "scripts":
+        fix_scripts(a.site / "bin", sys.executable)
+    elif a.step == "check":
+        try:
+            problems, counts = unmet(a.root)
+        except ImportError as e:  # packaging: neither the kit nor the node has it
+            print(f"unmet: cannot check the requirements: {e}")
+            return EXIT_UNMET
+        for line in problems:
+            print(f"unmet: {line}")
+        if problems:
+            return EXIT_UNMET
+        print(f"every requirement met: {counts['kit']} distributions from the kit's site, {counts['node']} the node's")
+    else:
+        describe()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
