@@ -31,7 +31,7 @@ from app.runtime.capture_gate import CaptureGate
 from app.runtime.graphs import GraphIO, GraphRunner, bucket_for, default_buckets, ranges
 from app.runtime.ort_engine import OrtDevice, OrtEngine, graph_io, padded_rows
 from app.runtime.plan import GraphOptions, RuntimeOptions, cpu_choice
-from app.runtime.spec import spec_from_io
+from app.runtime.spec import ModelLoadError, spec_from_io
 from tests.conftest import wait_until
 
 CLASSES = 6
@@ -471,3 +471,43 @@ def test_the_gate_lets_runs_share_and_a_waiting_capture_go_first() -> None:
     for t in (first, cap, second):
         t.join(10)
     assert order == ["run1", "capture", "run2"]
+
+
+def test_a_capture_that_breaks_the_cuda_context_fails_the_start() -> None:
+    """CUDA error 700 (seen with FP16 graphs sharing a session on an H200) leaves every later call of the process
+    failing: no plain fallback can serve, so the start fails and says what to set."""
+
+    class Broken(FakeGraphSession):
+        def run_with_iobinding(self, binding: FakeBinding, options: Any = None) -> None:
+            raise RuntimeError("Error in execution: CUDA failure 700: an illegal memory access was encountered")
+
+    gpu = FakeGpu()
+    runner = GraphRunner(lambda: Broken(gpu), gpu.plain, IO, FakeDevice(), 1, (1, 2), gate=CaptureGate())
+    with pytest.raises(ModelLoadError, match=r"cuda_graphs\.enabled: false"):
+        runner.prepare(2)
+    runner.close()
+
+
+def test_a_closed_engine_lets_its_batches_in_flight_finish(model_files: ModelFiles) -> None:
+    """A live reopen closes the old engine while its batches run: they finish on it, then it is released."""
+    engine = OrtEngine(str(model_files.fp32), RuntimeOptions(prefer_gpu=False), cpu_choice())
+    inside, release = threading.Event(), threading.Event()
+    plain = engine._plain_run
+
+    def slow(batch: np.ndarray, outputs: list[str]) -> list[np.ndarray]:
+        inside.set()
+        release.wait(30)
+        return plain(batch, outputs)
+
+    engine._plain_run = slow  # type: ignore[method-assign]
+    result: list[np.ndarray] = []
+    running = threading.Thread(target=lambda: result.append(engine.logits(engine.dummy_batch(2))))
+    running.start()
+    assert inside.wait(30)
+    engine.close()
+    assert engine.session is not None and not engine.alive  # closing, not yet released
+    release.set()
+    running.join(30)
+    assert result and result[0].shape == (2, 1000) and engine.session is None
+    with pytest.raises(ModelLoadError, match="closed"):
+        engine.logits(engine.dummy_batch(1))

@@ -220,3 +220,52 @@ def test_the_reporting_names_what_runs(caplog: pytest.LogCaptureFixture) -> None
     with caplog.at_level(logging.WARNING):
         logging.getLogger("ray.serve").warning(serving.line("int8"))
     assert "int8 requested, fp16 serving: TensorRT not loadable: x.so" in caplog.text
+
+
+# --------------------------------------------------------------------------- what a fallback never hides
+
+
+def test_a_missing_int8_file_is_an_error_not_a_fallback(
+    fp16_file: Path, cuda_node: list[EngineChoice], tmp_path: Path
+) -> None:
+    fallback = Build(str(fp16_file), gpu_opts("fp16"))
+    with pytest.raises(ModelLoadError, match="model file not found") as raised:
+        select.open_engine("int8", str(tmp_path / "gone-int8.onnx"), gpu_opts("int8"), 8, fallback)
+    assert not isinstance(raised.value, NeedsTensorRT) and cuda_node == []
+
+
+def test_engine_cuda_on_a_node_with_tensorrt_is_refused_not_fallen_back(model_files: ModelFiles) -> None:
+    """`engine: cuda` for an INT8 build where TensorRT is there: the config contradicts itself; a fallback would hide
+    it (and report "TensorRT is usable here" as its reason)."""
+    from app.runtime.plan import PlanError, plan_engines
+
+    opts = RuntimeOptions(prefer_gpu=True, precision="int8", engine="cuda")
+    with pytest.raises(PlanError) as refused:
+        plan_engines("int8", opts, [TENSORRT, CUDA, CPU], openvino=False, tensorrt=select.Provider(TENSORRT, {}))
+    assert refused.value.needs_tensorrt is False
+    with pytest.raises(PlanError) as absent:
+        plan_engines("int8", RuntimeOptions(prefer_gpu=True, precision="int8", engine="tensorrt"), [CUDA, CPU], False)
+    assert absent.value.needs_tensorrt is True  # engine: tensorrt where TensorRT is not: the fallback's case
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        select.CacheNotWritable("TensorRT engine cache /x is not writable (Read-only file system)"),
+        ModelLoadError("cannot load model: [ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : out of memory"),
+    ],
+)
+def test_a_failure_that_is_not_tensorrts_is_raised_as_it_is(
+    model_files: ModelFiles, fp16_file: Path, monkeypatch: pytest.MonkeyPatch, failure: ModelLoadError
+) -> None:
+    monkeypatch.setattr(select, "usable_providers", lambda: [TENSORRT, CUDA, CPU])
+    monkeypatch.setattr(select, "tensorrt_for", lambda path, opts, key=None: select.Provider(TENSORRT, {}))
+
+    def build(path: str, opts: RuntimeOptions, choice: EngineChoice) -> OrtEngine:
+        raise failure
+
+    monkeypatch.setattr(select, "build", build)
+    fallback = Build(str(fp16_file), gpu_opts("fp16"))
+    with pytest.raises(ModelLoadError) as raised:
+        select.open_engine("int8", str(model_files.int8), gpu_opts("int8"), 8, fallback)
+    assert raised.value is failure

@@ -298,14 +298,13 @@ class CudaGraphs(_Body):
     enabled: bool
     active: bool = Field(description="some batch sizes replay a captured graph")
     off: str | None = Field(None, description="why none is used although asked for")
-    slots: int | None = Field(None, description="batch slots, each a session and a thread of its own")
-    one_graph_per_session: bool | None = Field(None, description="TensorRT: each bucket a session of its own")
+    slots: int | None = Field(None, description="batch slots, each a thread with a graph session per bucket")
     buckets_captured: list[int] | None = None
     graph_batch_sizes: str | None = Field(None, description='the batch sizes graphs serve, e.g. "1-8, 13-16"')
     replay_ms: dict[str, float] | None = Field(None, description="bucket -> median ms of a replay, copies included")
     plain_ms: dict[str, float] | None = Field(None, description="batch size -> median ms of a plain run")
     slots_without_graphs: dict[str, str] | None = Field(None, description="slot -> why it serves plain")
-    prepared_to_batch: int | None = None
+    prepared: bool | None = Field(None, description="captured, checked and decided (at the replica's start)")
     prepare_s: float | None = Field(None, description="seconds the captures, checks and timings took at start")
 
 

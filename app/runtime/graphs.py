@@ -48,13 +48,19 @@ from typing import Any, Protocol
 import numpy as np
 
 from app.runtime.capture_gate import GATE, CaptureGate
+from app.runtime.spec import ModelLoadError
 
 logger = logging.getLogger("ray.serve")
 
 TIMED_RUNS = 5  # per bucket and per batch size timed when deciding graph or plain (medians)
 MIN_RUNS = 3
-# A replay's logits against a plain run's on the same input: the same kernels, so equal up to float noise.
-CHECK_RTOL = 1e-3
+# A replay's logits against a plain run's on the same input, relative to the largest logit. The plain run is padded to
+# 8 rows and cuDNN may pick other algorithms for it (FP16 differs more than FP32 then); a replay that reads stale or
+# foreign buffers is off by the logits' own size, far beyond this.
+CHECK_RTOL = 1e-2
+# What CUDA says when a kernel touched memory it must not: the context is unusable from then on (every later call of
+# the process fails), so no fallback to plain runs can serve.
+CONTEXT_BROKEN = ("CUDA failure 700", "illegal memory access")
 
 
 def default_buckets(max_batch: int, candidates: Sequence[int]) -> tuple[int, ...]:
@@ -206,29 +212,37 @@ class GraphRunner:
     # -- start ----------------------------------------------------------------------------------
 
     def prepare(self, max_batch: int) -> None:
-        """Once, before traffic: every bucket up to `max_batch` captured and checked on every slot's thread, one at a
-        time and alone on the GPU of this process; then timed and decided per batch size."""
+        """Once, before traffic: every bucket up to `max_batch` captured and checked on every slot's thread, one capture
+        at a time and alone on the GPU of this process (the gate, held alone for the capturing run only, so a live
+        reopen holds the old engine's batches back for milliseconds, not for the whole start); then timed and decided
+        per batch size. A capture that breaks the CUDA context (error 700) fails the start: nothing serves after it."""
         if self.prepared:
             return
         t0 = time.perf_counter()
         buckets = default_buckets(max_batch, self.candidates)
-        with self.gate.exclusive():
-            # One task per slot thread: the barrier keeps each task on a thread of its own, so every slot's thread runs
-            # exactly one, and the lock keeps the captures one at a time.
-            barrier, lock = threading.Barrier(len(self._slots)), threading.Lock()
+        # One task per slot thread: the barrier keeps each task on a thread of its own, so every slot's thread runs
+        # exactly one, and the lock keeps the slots' captures one after another.
+        barrier, lock = threading.Barrier(len(self._slots)), threading.Lock()
 
-            def capture_here() -> None:
-                barrier.wait(60)
-                with lock:
-                    slot = self.slot_here()
-                    assert slot is not None
-                    self._capture_slot(slot, buckets)
+        def capture_here() -> None:
+            barrier.wait(60)
+            with lock:
+                slot = self.slot_here()
+                assert slot is not None
+                self._capture_slot(slot, buckets)
 
-            for f in [self.executor.submit(capture_here) for _ in self._slots]:
-                f.result()
-            timed = next((s for s in self._slots if not s.off and s.buckets), None)
-            if timed is not None:
-                self.table, self.plain_ms = self._on(timed, self._time, timed, max_batch)
+        for f in [self.executor.submit(capture_here) for _ in self._slots]:
+            f.result()
+        timed = next((s for s in self._slots if not s.off and s.buckets), None)
+        if timed is not None:
+            try:
+                with self.gate.shared():
+                    self.table, self.plain_ms = self._on(timed, self._time, timed, max_batch)
+            except Exception as e:  # a replay failing after its check: no graphs, said so
+                self.table = {}
+                for slot in self._slots:
+                    self._turn_off(slot, f"timing failed: {_first_line(e)}")
+                _fail_if_context_broken(e)
         self.prepared = True
         self.prepare_s = time.perf_counter() - t0
         logger.info("%sCUDA graphs: %s", f"{self.label}: " if self.label else "", self.summary())
@@ -248,12 +262,14 @@ class GraphRunner:
         return result["value"]
 
     def _capture_slot(self, slot: _Slot, buckets: Sequence[int]) -> None:
-        """On the slot's thread: each bucket captured and checked; any failure turns the slot's graphs off."""
+        """On the slot's thread: each bucket captured and checked; any failure turns the slot's graphs off (and one
+        that broke the CUDA context fails the start)."""
         try:
             for size in buckets:
                 slot.buckets[size] = self._capture(size)
         except Exception as e:  # ORT's Fail/RuntimeError from CUDA, a failed check: serve plain, say why
-            self._turn_off(slot, f"capture failed: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}")
+            self._turn_off(slot, f"capture failed: {_first_line(e)}")
+            _fail_if_context_broken(e)
 
     def _capture(self, size: int) -> _Bucket:
         session = self.make_graph_session()
@@ -264,11 +280,14 @@ class GraphRunner:
         for (name, _, _), y in zip(self.io.outputs, ys, strict=True):
             binding.bind_ortvalue_output(name, y)
         bucket = _Bucket(size, session, binding, x, ys, self._random(size))
-        x.update_inplace(bucket.host)
+        with self.gate.shared():
+            x.update_inplace(bucket.host)
         # ORT runs regularly (the arena grows to this shape) until the graph may be captured, captures it and replays
-        # it once, all in this call (InferenceSession::Run, "Start another run for ... graph capture").
-        session.run_with_iobinding(binding)
-        self._check(bucket)
+        # it once, all in this call (InferenceSession::Run, "Start another run for ... graph capture"): alone.
+        with self.gate.exclusive():
+            session.run_with_iobinding(binding)
+        with self.gate.shared():
+            self._check(bucket)
         return bucket
 
     def _check(self, bucket: _Bucket) -> None:
@@ -359,6 +378,18 @@ class GraphRunner:
         self.executor.shutdown(wait=False)
         for slot in self._slots:
             slot.buckets = {}
+
+
+def _first_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+
+
+def _fail_if_context_broken(e: Exception) -> None:
+    if any(sign in str(e) for sign in CONTEXT_BROKEN):
+        raise ModelLoadError(
+            f"CUDA graphs: a capture or replay broke this process's CUDA context ({_first_line(e)}); nothing can serve "
+            "on it: set args.cuda_graphs.enabled: false and report it (docs/engines.md, CUDA graphs)"
+        ) from e
 
 
 def _median_ms(call: Callable[[], object], runs: int = TIMED_RUNS, budget_s: float = 0.3) -> float:

@@ -6,6 +6,7 @@ import collections
 import contextlib
 import ctypes
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,19 +76,15 @@ GRAPH_OPTION = {CUDA: "enable_cuda_graph", TENSORRT: "trt_cuda_graph_enable"}
 @dataclass(frozen=True)
 class OrtDevice:
     """graphs.Device on ONNX Runtime: buffers as OrtValues on `kind` ("cuda", or "cpu" where tests run the same
-    code on the CPU EP), runs annotated with `gpu_graph_id` (onnxruntime_run_options_config_keys.h)."""
+    code on the CPU EP). A bucket's input is written with `OrtValue.update_inplace`: ONNX Runtime's CUDA provider copies
+    it with cudaMemcpy and then synchronises the default stream (cuda_provider_factory.cc, cudaMemcpy_HostToDevice:
+    a pageable copy may return before its DMA completes), so a replay that follows reads the whole batch."""
 
     kind: str
     device_id: int = 0
 
     def buffer(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, self.kind, self.device_id)
-
-    def run_options(self, graph_id: int | None) -> ort.RunOptions:
-        options = ort.RunOptions()
-        if graph_id is not None:
-            options.add_run_config_entry("gpu_graph_id", str(graph_id))
-        return options
 
 
 def graph_io(session: ort.InferenceSession, spec: ModelSpec, dtype: np.dtype[Any]) -> GraphIO:
@@ -158,6 +155,9 @@ class OrtEngine:
         )
         self._dtype = _ORT_TYPES.get(self.spec.input_dtype, np.float32)
         self.on_gpu = bool(self.providers) and self.providers[0] in (TENSORRT, CUDA)
+        self._runs_lock = threading.Lock()
+        self._in_flight = 0
+        self._closing = False
         self.graphs_off = ""  # why CUDA graphs were asked for and are not used ("" when not asked for, or used)
         self.graphs = self._graph_runner(requested)
 
@@ -223,17 +223,26 @@ class OrtEngine:
 
     @property
     def alive(self) -> bool:
-        return self.session is not None
+        return self.session is not None and not self._closing
 
     def run(self, batch: np.ndarray, outputs: list[str] | None = None) -> list[np.ndarray]:
-        if self.session is None:
-            raise ModelLoadError(f"session for {self.path} is closed")
-        graphs, names = self.graphs, outputs or list(self.spec.output_names)
-        if graphs is not None:
-            return graphs.run(batch, names)
-        # On a GPU every run of the process keeps out of a CUDA graph capture (capture_gate.py).
-        with GATE.shared() if self.on_gpu else contextlib.nullcontext():
-            return self._plain_run(batch, names)
+        with self._runs_lock:
+            if self.session is None:
+                raise ModelLoadError(f"session for {self.path} is closed")
+            self._in_flight += 1
+        try:
+            graphs, names = self.graphs, outputs or list(self.spec.output_names)
+            if graphs is not None:
+                return graphs.run(batch, names)
+            # On a GPU every run of the process keeps out of a CUDA graph capture (capture_gate.py).
+            with GATE.shared() if self.on_gpu else contextlib.nullcontext():
+                return self._plain_run(batch, names)
+        finally:
+            with self._runs_lock:
+                self._in_flight -= 1
+                release = self._closing and not self._in_flight
+            if release:
+                self._release()
 
     def _plain_run(self, batch: np.ndarray, outputs: list[str]) -> list[np.ndarray]:
         """The session's own run. On a GPU a batch is padded up to a multiple of PAD_STEP rows: the session then meets a
@@ -294,6 +303,15 @@ class OrtEngine:
         return None
 
     def close(self) -> None:
+        """Released once the runs in flight are done (a live reopen closes the old engine while its batches finish):
+        until then they keep their sessions, graphs and slot threads."""
+        with self._runs_lock:
+            self._closing = True
+            release = not self._in_flight
+        if release:
+            self._release()
+
+    def _release(self) -> None:
         self.session = None
         if self.graphs is not None:
             self.graphs.close()

@@ -237,7 +237,10 @@ def _gpu_choice(
         assert trt is not None
         providers.append(trt)
     if wants == "tensorrt" and not has_trt:
-        raise PlanError(f"variant {variant!r}: engine tensorrt, but TensorrtExecutionProvider is not usable here")
+        raise PlanError(
+            f"variant {variant!r}: engine tensorrt, but TensorrtExecutionProvider is not usable here",
+            needs_tensorrt=True,
+        )
     if has_cuda:
         providers.append(cuda_provider(opts))  # TensorRT's fallback for nodes it does not take, or the engine
     elif wants == "cuda":
@@ -245,7 +248,9 @@ def _gpu_choice(
     if not providers:
         return None
     if providers[0].name == CUDA and opts.precision == "int8" and not opts.allow_slow_int8:
-        raise PlanError(slow_int8_message(variant), needs_tensorrt=True)
+        # Only TensorRT's absence is what a declared fallback answers: `engine: cuda` on a node with TensorRT is
+        # the config's own contradiction, refused as it is.
+        raise PlanError(slow_int8_message(variant), needs_tensorrt=not has_trt)
     config = {RECORD_ASSIGNMENT: "1"}
     if opts.require_gpu:
         config[DISABLE_CPU_FALLBACK] = "1"

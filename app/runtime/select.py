@@ -171,6 +171,10 @@ def x86_without_vnni(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return bool(flags) and not {"avx512_vnni", "avx_vnni"} & set(flags.split())
 
 
+class CacheNotWritable(ModelLoadError):
+    """The TensorRT engine cache directory cannot be written: a deployment's mistake, never a reason to fall back."""
+
+
 # flock() errors of a file system that keeps no locks (an NFS mount with `nolock`, some FUSE file systems).
 NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 
@@ -196,7 +200,7 @@ def _build_lock(choice: EngineChoice) -> Iterator[None]:
         cache.mkdir(parents=True, exist_ok=True)
         lock = open(cache / ".build.lock", "w")  # noqa: SIM115 - held for the whole build
     except OSError as e:
-        raise ModelLoadError(
+        raise CacheNotWritable(
             f"TensorRT engine cache {cache} is not writable ({e.strerror}): mount a writable volume there "
             "(k8s/rayservice.yaml mounts one at $APP_TRT_CACHE_DIR) or set tensorrt.cache_dir"
         ) from e
@@ -250,6 +254,12 @@ def build(path: str, opts: RuntimeOptions, choice: EngineChoice) -> Engine:
 # What ORT's TensorRT EP says when a cached engine does not load ("TensorRT EP could not deserialize engine
 # from cache: <path>", tensorrt_execution_provider.cc); matched loosely, the rest of the wording may change.
 DESERIALIZE_FAILED = "deserializ"
+
+
+def tensorrt_said(error: Exception) -> bool:
+    """The failure came from TensorRT (ONNX Runtime's TensorRT EP names itself in its errors), not from the cache
+    directory, the file or the options: only then is the variant's fallback the answer."""
+    return not isinstance(error, CacheNotWritable) and "tensorrt" in str(error).lower()
 
 
 def engine_unreadable(error: Exception) -> bool:
@@ -342,6 +352,8 @@ def open_engine(
 
 
 def _open_build(variant: str, path: str, opts: RuntimeOptions, measure_batch: int) -> Opened:
+    if not Path(path).is_file():  # the deployment's error, whatever engine would run it: never a fallback's cue
+        raise ModelLoadError(f"model file not found: {path}")
     try:
         plan = plan_for(variant, path, opts)
     except PlanError as e:
@@ -352,7 +364,7 @@ def _open_build(variant: str, path: str, opts: RuntimeOptions, measure_batch: in
     try:
         engines = [build(path, opts, choice) for choice in plan.candidates]
     except ModelLoadError as e:
-        if first.engine != "tensorrt" or opts.engine == "tensorrt":
+        if first.engine != "tensorrt" or opts.engine == "tensorrt" or not tensorrt_said(e):
             raise
         # TensorRT failed to load or build (logged): plan again without it; INT8 then refuses the CUDA EP.
         logger.warning("Classifier_%s: TensorRT failed (%s); planning without it", variant, e)

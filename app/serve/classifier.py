@@ -73,6 +73,7 @@ class Classifier(ClassifierReport):
         self.model_path = str(self.io.served.path)
         self.requested_io = self.io  # self.io becomes the fallback's when the variant's declared fallback serves
         self._fallback_io: ModelIO | None = None
+        self._fallback_error: str | None = None
         resources = ray.get_runtime_context().get_assigned_resources()
         self.num_cpus = float(resources.get("CPU", 1.0))
         self.gpu = bool(ray.get_gpu_ids())
@@ -134,7 +135,9 @@ class Classifier(ClassifierReport):
         )
 
     def _fallback(self, streams: int) -> Build | None:
-        """The variant's declared fallback build, as this replica would run it (None: it declares none)."""
+        """The variant's declared fallback build, as this replica would run it (None: it declares none). A fallback
+        file that fails the declaration's checks is reported only where it would serve (`_serving_io`)."""
+        self._fallback_io, self._fallback_error = None, None
         declared = self.args.fallback_options(self.variant, self.gpu, self.threads, streams)
         if declared is None:
             return None
@@ -142,30 +145,41 @@ class Classifier(ClassifierReport):
         where = f"Classifier_{self.variant}: variants.{self.variant}.fallback.model_path"
         try:
             self._fallback_io = model_io(self.args.model, path, where)
-        except ValueError as e:
-            # Needed only where the variant's own build is refused: opening it there says what is wrong with it.
-            logger.info("Classifier_%s: its fallback cannot be read here (%s)", self.variant, e)
+        except (ValueError, OSError) as e:
+            self._fallback_error = str(e)
             return Build(str(path), opts)
         return Build(str(self._fallback_io.served.path), opts)
+
+    def _serving_io(self, opened: Opened) -> ModelIO:
+        """The declared model's I/O of what runs: the fallback's when it serves (which must have passed its checks)."""
+        if opened.serving is None:
+            return self.requested_io
+        if self._fallback_io is None:
+            raise ModelLoadError(f"{opened.serving.line(self.variant)}, but {self._fallback_error}")
+        return self._fallback_io
 
     def _open(self, cfg: ClassifierConfig) -> None:
         opts = self.args.runtime_options(self.variant, self.gpu, self.threads, cfg.max_concurrent_batches)
         try:
             fallback = self._fallback(cfg.max_concurrent_batches)
             opened = open_engine(self.variant, self.model_path, opts, cfg.max_batch_size, fallback)
-            # CUDA graphs captured before any request: each slot alone on the GPU (app/runtime/graphs.py).
-            opened.engine.prepare(cfg.max_batch_size)
+            try:
+                io = self._serving_io(opened)
+                # CUDA graphs captured before any request: each slot alone on the GPU (app/runtime/graphs.py).
+                opened.engine.prepare(cfg.max_batch_size)
+            except BaseException:
+                opened.engine.close()
+                raise
         except ModelLoadError as e:
             # Raised at start, this fails the replica; `serve status` shows the message.
             raise RuntimeError(f"Classifier_{self.variant}: {e}") from e
         old, self.opened = self.opened, opened
         if old is not None:
-            old.engine.close()  # batches already running on it finish: they hold their own reference
+            old.engine.close()  # released once the batches running on it are done (OrtEngine.close)
         self._warmed_to = 0
-        if opened.serving is not None and fallback is not None and self._fallback_io is not None:
-            self.io, opts = self._fallback_io, fallback.opts  # select.open_engine logged why
-        else:
-            self.io = self.requested_io
+        self.io = io
+        if opened.serving is not None and fallback is not None:
+            opts = fallback.opts  # select.open_engine logged why
         chosen = next((c for c in opened.plan.candidates if c.engine == opened.engine.name), opened.plan.candidates[0])
         self._profile = ProfilingTwin(self.variant, str(self.io.served.path), opts, chosen)
         self._report_provider()
