@@ -1,7 +1,7 @@
-"""The declared fallback served: a replica on a GPU node without TensorRT (stood in, tests/cuda_stand_in.py) serves
-its INT8 variant's FP16 fallback, and its description (/v1/models), its metrics' labels and its start-up log name
-what runs and why; the A/B summary says what each variant runs. Deployed as a second application beside the
-session's app, then removed."""
+"""The declared fallback served: a Classifier replica on a GPU node without TensorRT (stood in, tests/cuda_stand_in.py)
+serves its INT8 variant's FP16 fallback, and its description (what /v1/models shows), its metrics' labels and its
+start-up log name what runs and why; the A/B summary says what each variant runs. The Classifier is deployed alone
+(tests/fallback_app.py) as a second application beside the session's app, then removed."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def fallback_app(model_files: ModelFiles, fp16: Path, stand_in: Path) -> dict[st
     return {
         "name": APP,
         "route_prefix": f"/{APP}",
-        "import_path": "app.main:build_app",
+        "import_path": "tests.fallback_app:build",  # the Classifier alone
         "runtime_env": {"env_vars": {"PYTHONPATH": f"{stand_in}:{REPO}"}},  # its workers start on a stood-in GPU
         "args": {
             "model": BUILTIN_MODEL,
@@ -49,8 +49,6 @@ def fallback_app(model_files: ModelFiles, fp16: Path, stand_in: Path) -> dict[st
             "build_default_models": False,
         },
         "deployments": [
-            {"name": "Router", "user_config": {"weights": {"int8": 1}}, "ray_actor_options": {"num_cpus": 0.05}},
-            {"name": "Preprocessor", "ray_actor_options": {"num_cpus": 0.05}},
             {
                 "name": "Classifier_int8",
                 "max_ongoing_requests": 8,
