@@ -52,7 +52,6 @@ TIMING = {"warmup": 3, "min_runs": 5, "max_runs": 300, "budget_s": 0.5}  # per b
 TORCH = "torch"  # the framework of the torch targets; their "provider" is torch:<device>
 AGREEMENT_IMAGES = 16  # real photographs each target classifies beside the reference
 AGREEMENT_REFERENCE = "onnxruntime CPUExecutionProvider, FP32 model"
-DRY_RUN_BUCKETS = (1, 2, 4, 8)  # the graph targets' buckets on a CPU dry run
 
 
 @dataclass(frozen=True)
@@ -101,7 +100,7 @@ ALIASES = {"cuda-qdq-int8": "cuda-int8-qdq"}  # the name this check had before i
 
 
 def default_models() -> dict[str, str]:
-    from app.models import default_files
+    from app.model import default_files
 
     files = default_files()
     return {"fp32": str(files.fp32), "fp16": str(files.fp16), "int8": str(files.int8), "trt_int8": str(files.int8_trt)}
@@ -130,8 +129,8 @@ def cache_files(directory: Path) -> dict[str, int]:
 def agreement_inputs(n: int) -> np.ndarray:
     """n real photographs (the bundled samples, randomly cropped), prepared as the server prepares them."""
     from app.imaging.preprocess import preprocess
-    from app.models import builtin_transform
-    from app.models.samples import augmented_samples
+    from app.model import builtin_transform
+    from app.toolchain.samples import augmented_samples
 
     transform = builtin_transform()
     return np.stack([preprocess(data, transform) for data in augmented_samples(n, seed=35)])
@@ -286,10 +285,8 @@ def run_target(
         return {**out, "error": f"planning: {type(e).__name__}: {e}"}
     choice = cpu_choice() if check.dry_run else planned
     if check.dry_run and opts.cuda_graphs is not None:
-        # The graphs' buffers, threads, checks and decisions on the CPU EP, for the small buckets only: a CPU times
-        # a batch of 64 in seconds, and the flow is the point here.
-        graphs = dataclasses.replace(opts.cuda_graphs, on_cpu=True, buckets=DRY_RUN_BUCKETS)
-        opts = dataclasses.replace(opts, cuda_graphs=graphs)
+        # The graphs' buffers, threads, checks and decisions on the CPU EP (nothing is captured there).
+        opts = dataclasses.replace(opts, cuda_graphs=dataclasses.replace(opts.cuda_graphs, on_cpu=True))
     print(f"{target.name}: {path} on {choice.provider_names}", file=sys.stderr, flush=True)
     out["intended_provider"] = choice.providers[0].name
     out |= {"planned": planned.describe(), "ran": choice.describe()}

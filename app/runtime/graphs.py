@@ -127,24 +127,21 @@ class _Slot:
     index: int
     buckets: dict[int, _Bucket] = field(default_factory=dict)
     off: str = ""  # why this slot serves without graphs ("" while it has them)
-    thread: str = ""
 
 
 class SlotPool(ThreadPoolExecutor):
     """A thread pool whose threads are bound one to one to the runner's slots (a slot is known by the thread it runs
     on: `GraphRunner.slot_here`). Submitting never blocks: a batch waits in the pool's queue for a free thread."""
 
-    def __init__(self, runner: GraphRunner, slots: list[_Slot]) -> None:
+    def __init__(self, local: threading.local, slots: list[_Slot]) -> None:
         self._unbound = list(reversed(slots))
         self._bind_lock = threading.Lock()
-        self._runner = runner
+        self._local = local
         super().__init__(len(slots), thread_name_prefix="graph-slot", initializer=self._bind)
 
     def _bind(self) -> None:
         with self._bind_lock:
-            slot = self._unbound.pop()
-        slot.thread = threading.current_thread().name
-        self._runner.local.slot = slot
+            self._local.slot = self._unbound.pop()
 
 
 class GraphRunner:
@@ -176,7 +173,7 @@ class GraphRunner:
         self.prepare_s = 0.0
         self.local = threading.local()
         self._slots = [_Slot(i) for i in range(max(1, slots))]
-        self.executor = SlotPool(self, self._slots)
+        self.executor = SlotPool(self.local, self._slots)
 
     # -- serving --------------------------------------------------------------------------------
 
@@ -248,7 +245,7 @@ class GraphRunner:
         logger.info("%sCUDA graphs: %s", f"{self.label}: " if self.label else "", self.summary())
 
     def _on(self, slot: _Slot, fn: Callable[..., Any], *args: Any) -> Any:
-        """`fn(*args)` on `slot`'s own thread (prepare holds the gate: no other task runs on the pool)."""
+        """`fn(*args)` on `slot`'s own thread (prepare runs before traffic: no other task is on the pool)."""
         barrier = threading.Barrier(len(self._slots))
         result: dict[str, Any] = {}
 
