@@ -28,11 +28,11 @@ import numpy as np
 
 from app.imaging.opencv import cv2  # the service's OpenCV settings (its pixel guard) before the library loads
 from app.imaging.preprocess import preprocess
-from app.models import builtin_transform
-from app.models.samples import available_photos, sample_bytes
+from app.model import builtin_transform
 from app.pipeline.cascade import MarginEvidence, curve, escalate, fit_threshold, margin
 from app.runtime import open_engine, softmax, top_k
 from app.runtime.plan import RuntimeOptions
+from app.toolchain.samples import available_photos, sample_bytes
 from benchmarks.environment import REPO, RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.report import markdown_table, pyplot, save_figure, write_report
 

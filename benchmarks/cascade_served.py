@@ -29,7 +29,8 @@ from typing import Any
 import httpx
 import yaml
 
-from app.config import private_serve_env, read_serve_env
+from app.config import read_serve_env
+from app.front.instance import private_serve_env
 from benchmarks import cost
 from benchmarks.cascade import BATCH, GOAL, TARGET, corpus, save
 from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from app.imaging.opencv import cv2  # the service's OpenCV settings (its pixel guard) before the library loads
-from app.models.samples import available_photos, sample_bytes
+from app.toolchain.samples import available_photos, sample_bytes
 
 # (width, height): a thumbnail, VGA, the native size of skimage's `chelsea`, 720p and 1080p.
 SIZES: tuple[tuple[int, int], ...] = ((320, 240), (640, 480), (451, 300), (1280, 720), (1920, 1080))

@@ -27,11 +27,11 @@ HEADERS = ["model", "batch", "ORT CPU EP img/s", "OpenVINO img/s", "OpenVINO / O
 
 def bench_model(path: Path) -> dict[str, Any]:
     from app.imaging.preprocess import preprocess
-    from app.models import builtin_transform
-    from app.models.samples import available_photos, sample_bytes
+    from app.model import builtin_transform
     from app.runtime import RuntimeOptions, measure_alternating
     from app.runtime.plan import EngineChoice, cpu_choice
     from app.runtime.select import build
+    from app.toolchain.samples import available_photos, sample_bytes
 
     names = sorted(available_photos())
     photos = np.stack([preprocess(sample_bytes(n), builtin_transform()) for n in names])
@@ -67,7 +67,7 @@ def rows(result: dict[str, Any]) -> list[list[Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from app.models import default_files
+    from app.model import default_files
 
     argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     print_environment()

@@ -41,7 +41,7 @@ import httpx
 import numpy as np
 
 from app.config import Limits
-from app.models import MODEL_NAME
+from app.model import MODEL_NAME
 from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.load import require_loopback, v2_request
 from benchmarks.procs import Monitor, Proc, node_serving, process_label, serve_processes
@@ -102,7 +102,7 @@ def attack_requests(attack: str) -> list[AttackRequest]:
 @functools.cache
 def probe_images() -> tuple[bytes, ...]:
     """Normal traffic: the bundled sample photographs that are JPEGs of at most 300 KB (small, cheap)."""
-    from app.models.samples import available_photos, sample_bytes
+    from app.toolchain.samples import available_photos, sample_bytes
 
     return tuple(d for d in map(sample_bytes, available_photos()) if d[:2] == b"\xff\xd8" and len(d) <= 300_000)
 

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from app.front.haproxy_config import Front
-from app.models import MODEL_NAME
+from app.model import MODEL_NAME
 from app.protocol import v2
 from benchmarks.corpus import SIZES, CorpusImage, build_corpus
 from benchmarks.report import fmt

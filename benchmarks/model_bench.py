@@ -68,7 +68,7 @@ def bench_variant(
 ) -> dict[str, Any]:
     """Load one model and time it at every batch size. Meant to run in a fresh process."""
     from app.imaging.preprocess import preprocess
-    from app.models import builtin_transform
+    from app.model import builtin_transform
     from app.runtime import onnxruntime_engine
     from benchmarks.corpus import build_corpus
     from benchmarks.device import gpu_used_mib, runtime_options
@@ -131,7 +131,7 @@ def to_markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from app.models import default_files
+    from app.model import default_files
     from app.runtime import ModelLoadError
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

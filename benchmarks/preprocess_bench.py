@@ -19,9 +19,9 @@ import numpy as np
 
 from app.imaging.opencv import cv2  # the service's OpenCV settings (its pixel guard) before the library loads
 from app.imaging.preprocess import preprocess
-from app.models import builtin_transform, default_files
-from app.models.samples import EVAL_PHOTOS, sample_bytes
+from app.model import builtin_transform, default_files
 from app.runtime import cpu_engine, softmax, top_k
+from app.toolchain.samples import EVAL_PHOTOS, sample_bytes
 from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.model_bench import time_runs
 from benchmarks.report import write_json

@@ -6,7 +6,7 @@
 The cascade's capture (app/pipeline/capture.py) keeps the images on which INT8 and FP32 disagree, as a directory
 `python -m app.models quantize --calibration-dir` reads. Here that loop runs offline on the varied corpus: the
 fit half's disagreements (what the capture would have kept from that traffic) calibrate new INT8 builds
-(`app.models.quantize.quantize`, minmax, as the default build), and every build is read on the held-out half:
+(`app.toolchain.quantize.quantize`, minmax, as the default build), and every build is read on the held-out half:
 - default: the shipped INT8 (64 random crops of the sample photographs);
 - captured: the disagreements alone;
 - default + captured: both sets;
@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 
 from app.imaging.preprocess import preprocess
-from app.models import builtin_transform
-from app.models.quantize import QuantizeOptions, quantize
-from app.models.samples import augmented_samples
+from app.model import builtin_transform
 from app.pipeline.cascade import MarginEvidence, curve, fit_threshold, margin
 from app.runtime import open_engine, softmax, top_k
 from app.runtime.plan import RuntimeOptions
+from app.toolchain.quantize import QuantizeOptions, quantize
+from app.toolchain.samples import augmented_samples
 from benchmarks.cascade import BATCH, TARGET, corpus, corpus_main
 from benchmarks.environment import REPO
 from benchmarks.report import markdown_table, pyplot, save_figure

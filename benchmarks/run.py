@@ -28,9 +28,10 @@ from typing import Any
 import httpx
 import yaml
 
-from app.config import private_serve_env, read_serve_env
-from app.models import MODEL_NAME
-from app.models.samples import available_photos, sample_bytes
+from app.config import read_serve_env
+from app.front.instance import private_serve_env
+from app.model import MODEL_NAME
+from app.toolchain.samples import available_photos, sample_bytes
 from benchmarks import cost
 from benchmarks.corpus import build_corpus
 from benchmarks.corpus import describe as describe_corpus

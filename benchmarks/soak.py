@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-from app.config import private_serve_env
+from app.front.instance import private_serve_env
 from benchmarks import dashboard
 from benchmarks.environment import REPO, RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.load import DEFAULT_URL, NonLoopbackURL, Workload, closed_step, open_run, require_loopback

@@ -26,14 +26,14 @@ import numpy as np
 import yaml
 
 from app.config import AppArgs
-from app.models.declaration import ModelDeclaration
-from app.models.graph import read_graph
-from app.models.model_io import Preparation
-from app.models.prologue import served_model
-from app.models.quantize import QuantizeOptions, quantize
-from app.models.samples import augmented_samples
+from app.model.declaration import ModelDeclaration
+from app.model.graph import read_graph
+from app.model.model_io import Preparation
+from app.model.prologue import served_model
 from app.runtime.plan import RuntimeOptions, cpu_choice
 from app.runtime.select import build
+from app.toolchain.quantize import QuantizeOptions, quantize
+from app.toolchain.samples import augmented_samples
 from benchmarks.cascade import BATCH, corpus, corpus_main
 from benchmarks.environment import REPO
 from benchmarks.report import markdown_table, pyplot, save_figure

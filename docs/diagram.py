@@ -32,12 +32,16 @@ BOXES = {
 }  # fmt: skip
 ARROWS = [("client", "front"), ("front", "router"), ("router", "pre"), ("router", "int8"), ("router", "fp32"),
           ("router", "ledger")]  # fmt: skip
-LAYERS = [  # top imports below, never up (import-linter's layers contract)
+LAYERS = [  # top imports below, never up (import-linter's layers contract); the tools (app.ops) sit above them all
     ("app.main", "Serve's entry point: build_app"),
     ("app.serve", "deployments, replicas, handles, metrics, Serve's private API"),
     ("app.http", "route table, v1, V2, gRPC, docs, replies"),
     ("app.protocol : pipeline : rollout", "the Open Inference Protocol; what happens to an image; rollouts"),
-    ("app.imaging : runtime : models : config : request : front", "decode, engines, models, config, limits, HAProxy"),
+    ("app.toolchain", "build, quantize, report models (offline)"),
+    ("app.runtime | front", "engines; the admission front (HAProxy)"),
+    ("app.config", "settings and their validation"),
+    ("app.model | request", "the served model's contract; request limits"),
+    ("app.imaging", "decode, the declared geometry"),
     ("app.errors", "one table of errors"),
 ]
 

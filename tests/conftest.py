@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 
 from app.imaging.transform import Transform
-from app.models import ModelFiles, default_files
+from app.model import ModelFiles, default_files
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def ensure_default_models(files: ModelFiles) -> ModelFiles:
     """Build FP32 and INT8 once (idempotent); later sessions reuse them."""
-    from app.models.build import build_fp32
-    from app.models.quantize import QuantizeOptions, quantize
-    from app.models.samples import augmented_samples
+    from app.toolchain.build import build_fp32
+    from app.toolchain.quantize import QuantizeOptions, quantize
+    from app.toolchain.samples import augmented_samples
 
     build_fp32(files)
     if not files.int8.is_file():
@@ -48,7 +48,7 @@ from benchmarks.server_process import free_port  # noqa: E402, F401 (the tests' 
 
 SERVE_PORT = int(os.environ.get("TEST_SERVE_PORT", "18000"))
 METRICS_PORT = int(os.environ.get("TEST_METRICS_PORT", "18080"))
-GRPC_PORT = SERVE_PORT + 95  # past app.config.private_serve_env's own +93 and +94
+GRPC_PORT = SERVE_PORT + 95  # past app.front.instance.private_serve_env's own +93 and +94
 APP_NAME = "classifier"
 
 
@@ -100,7 +100,7 @@ def use_serve_env(port: int) -> dict[str, str]:
     The tests run the Serve runtime `make serve` and the RayService run (HAProxy ingress, throughput-
     optimised mode), with HAProxy's files and stats ports private to this session.
     """
-    from app.config import private_serve_env
+    from app.front.instance import private_serve_env
 
     env = private_serve_env(port)
     os.environ.update(env)
@@ -216,7 +216,7 @@ class PythonProxyApp:
     def __init__(self, model_files: ModelFiles, directory: Path) -> None:
         from benchmarks.server_process import ServerProcess
 
-        port = SERVE_PORT + 300  # past the session's ranges (app.config.private_serve_env: 50 apart is enough)
+        port = SERVE_PORT + 300  # past the session's ranges (app.front.instance.private_serve_env: 50 apart is enough)
         cfg = local_config(model_files)
         cfg["http_options"]["port"], cfg["grpc_options"]["port"] = port, port + 95
         path = directory / "local-python-proxy.yaml"

@@ -10,7 +10,7 @@ import pytest
 
 from app.config import RouterConfig, validate_serve_config
 from app.errors import ServiceError
-from app.models import ModelFiles
+from app.model import ModelFiles
 from app.pipeline.admission import QUEUE_FILL, Admission, CompletionRate, Limits
 from tests.conftest import deployment, local_config
 from tests.test_pipeline_unit import no_ray, run, until  # noqa: F401 (no_ray: an autouse fixture)

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from app.models.samples import sample_bytes
+from app.toolchain.samples import sample_bytes
 from tests.conftest import ServeDeployer, deployment, local_config, wait_until
 
 pytestmark = pytest.mark.slow

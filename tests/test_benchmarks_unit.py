@@ -18,7 +18,7 @@ import pytest
 from app.config import Limits
 from app.http.reading import multipart_images
 from app.imaging.probe import probe_dimensions
-from app.models import ModelFiles
+from app.model import ModelFiles
 from app.protocol import v2
 from benchmarks.corpus import SIZES, CorpusImage, build_corpus, describe, render
 from benchmarks.load import (

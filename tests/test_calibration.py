@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from app.imaging.preprocess import preprocess
-from app.models.calibration import ImageCalibrationReader, list_images, sample_directory
+from app.toolchain.calibration import ImageCalibrationReader, list_images, sample_directory
 
 SIZES = {"a_class": 2, "b_class": 5, "c_class": 10}
 

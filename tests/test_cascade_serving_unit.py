@@ -23,7 +23,6 @@ from app.config import AppArgs, CaptureArgs, CascadeArgs, RouterConfig
 from app.errors import ServiceError
 from app.imaging.payloads import Pixels
 from app.imaging.transform import Transform
-from app.models.calibration import list_images
 from app.pipeline.abstats import ABStats
 from app.pipeline.capture import CaptureStore, directory_name
 from app.pipeline.cascade import MarginEvidence
@@ -31,6 +30,7 @@ from app.pipeline.cascading import Cascades
 from app.pipeline.routing import Choice, WeightedSplit
 from app.pipeline.service import Outcome, Pipeline
 from app.rollout.spec import RolloutSpec
+from app.toolchain.calibration import list_images
 from tests.test_pipeline_unit import FakeBackend, FakeCall, Metrics, no_ray, run, until  # noqa: F401 (no_ray: autouse)
 
 CASCADE = "int8>fp32"

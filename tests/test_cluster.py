@@ -33,9 +33,9 @@ from ray import serve
 from ray.cluster_utils import Cluster
 
 from app.front import Front
-from app.models import ModelFiles
-from app.models.samples import sample_bytes
+from app.model import ModelFiles
 from app.serve.serve_internals import serve_client
+from app.toolchain.samples import sample_bytes
 from benchmarks.autoscale import prod_on_one_machine, replica_counts
 from benchmarks.stats import percentile
 from tests.conftest import driver_handle, use_serve_env, wait_until

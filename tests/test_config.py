@@ -15,11 +15,10 @@ from app.config import (
     AppArgs,
     ClassifierConfig,
     RouterConfig,
-    private_haproxy_env,
-    private_serve_env,
     read_serve_env,
     validate_serve_config,
 )
+from app.front.instance import private_haproxy_env, private_serve_env
 from tests.conftest import REPO, deployment, load_config
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from app.models import ModelFiles
+from app.model import ModelFiles
 from app.runtime import graphs
 from app.runtime.capture_gate import CaptureGate
 from app.runtime.graphs import GraphIO, GraphRunner, bucket_for, default_buckets, ranges

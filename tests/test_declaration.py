@@ -1,4 +1,4 @@
-"""The model declaration (`args.model`, app/models/declaration.py): what it may say, what the graph refuses, and
+"""The model declaration (`args.model`, app/model/declaration.py): what it may say, what the graph refuses, and
 `python -m app.config` naming the field of each contradiction without starting anything. Pure: no Ray."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ import yaml
 from pydantic import ValidationError
 
 from app.config import AppArgs
-from app.models import BUILTIN_MODEL
-from app.models.declaration import ModelDeclaration, PreprocessDeclaration
-from app.models.graph import graph_io_of
+from app.model import BUILTIN_MODEL
+from app.model.check import check_files
+from app.model.declaration import ModelDeclaration, PreprocessDeclaration
+from app.model.graph import graph_io_of
 from tests.conftest import REPO, load_config
 from tests.test_prologue import CLASSES, H, W, classifier
 
@@ -129,7 +130,7 @@ def test_variants_of_one_model_must_take_the_same_input(tmp_path: Path) -> None:
         }
     )
     with pytest.raises(ValueError, match=r"variants.b.model_path: .* the variants of one model share its declaration"):
-        args.check_graphs()
+        check_files(args.model, args.model_files())
     missing = args.model_copy(
         update={
             "variants": {
@@ -138,7 +139,8 @@ def test_variants_of_one_model_must_take_the_same_input(tmp_path: Path) -> None:
             }
         }
     )
-    assert missing.check_graphs() == [tmp_path / "a.onnx"]  # a file not here is checked by its Classifier
+    # a file not here is checked by its Classifier
+    assert check_files(missing.model, missing.model_files()) == [tmp_path / "a.onnx"]
 
 
 # --------------------------------------------------------------------------- python -m app.config

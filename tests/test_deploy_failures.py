@@ -15,7 +15,7 @@ import httpx
 import pytest
 from ray import serve
 
-from app.models import BUILTIN_MODEL, ModelFiles
+from app.model import BUILTIN_MODEL, ModelFiles
 from tests.conftest import ServeDeployer, driver_handle, local_config, wait_until
 
 pytestmark = pytest.mark.slow

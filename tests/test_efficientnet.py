@@ -12,9 +12,9 @@ import onnxruntime as ort
 import pytest
 import skimage.data
 
-from app.models import efficientnet
-from app.models.efficientnet import Stage, build_model, fold_batchnorm, same_pads
 from app.runtime import softmax
+from app.toolchain import efficientnet
+from app.toolchain.efficientnet import Stage, build_model, fold_batchnorm, same_pads
 from tests.test_weights import ARCH, CLASSES, HEAD, STEM
 
 
@@ -151,8 +151,8 @@ def test_normalisation_and_layout_change_are_in_the_graph(fp32_graph, session):
 
 
 def test_build_model_rejects_a_state_dict_with_extra_blocks():
-    from app.models.build import weights_path
-    from app.models.weights import load_legacy_state_dict
+    from app.toolchain.build import weights_path
+    from app.toolchain.weights import load_legacy_state_dict
 
     sd = dict(load_legacy_state_dict(weights_path()))
     sd["_blocks.16._project_conv.weight"] = np.zeros((320, 1920, 1, 1), np.float32)
@@ -172,7 +172,7 @@ def test_lite1_repeats_lite0s_stages_deeper_and_keeps_the_first_and_last() -> No
 
 
 def test_lite1_as_a_pytorch_export_takes_float_nchw_with_its_normalisation_outside(tmp_path) -> None:
-    from app.models.build import export_lite1
+    from app.toolchain.build import export_lite1
 
     export_lite1(tmp_path / "lite1.onnx")
     model = onnx.load(str(tmp_path / "lite1.onnx"))

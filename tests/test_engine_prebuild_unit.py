@@ -1,4 +1,4 @@
-"""Engines built once per GPU type (app/runtime/prebuild.py, `python -m app.runtime build-engines`), without a GPU.
+"""Engines built once per GPU type (app/ops/prebuild.py, `python -m app.runtime build-engines`), without a GPU.
 
 TensorRT cannot load here, so the dry run and the refusal run as they are, and the one test that builds stands
 a CPU-only session in for the TensorRT one (as tests/test_engine_cache_unit.py does): what it checks is which
@@ -18,11 +18,13 @@ import pytest
 import yaml
 
 from app.config import AppArgs
-from app.models.prologue import served_model
-from app.runtime import prebuild, select
-from app.runtime.__main__ import main
+from app.model.prologue import served_model
+from app.ops import prebuild
+from app.ops.runtime_cli import main
+from app.runtime import select
 from app.runtime.ort_engine import OrtEngine
 from app.runtime.plan import CPU, TENSORRT, EngineChoice, Provider, RuntimeOptions
+from app.runtime.variants import runtime_options, speed_gate_for
 
 REPO = Path(__file__).resolve().parent.parent
 PROD = REPO / "configs" / "prod.yaml"
@@ -47,8 +49,8 @@ def test_the_speed_gates_fp32_engine_is_the_fp32_replicas_engine(model_files: An
     """The INT8 replica's gate opens FP32 with the FP32 replica's cache directory and TensorRT options, though its
     threads and parallel batches are the INT8 deployment's: a shared cache holds one FP32 engine for both."""
     args = AppArgs.model_validate(_with_models(_prod(), model_files)["applications"][0]["args"])
-    replica = args.runtime_options("fp32", True, threads=1, streams=2)
-    gate = args.speed_gate_for("int8", True, threads=3, streams=4, chosen_engine="tensorrt")
+    replica = runtime_options(args, "fp32", True, threads=1, streams=2)
+    gate = speed_gate_for(args, "int8", True, threads=3, streams=4, chosen_engine="tensorrt")
     assert gate is not None
     spec, gate_path, gate_opts = gate
     assert spec.baseline == "fp32" and gate_opts.engine == "tensorrt" and replica.engine == "auto"
@@ -59,7 +61,7 @@ def test_the_speed_gates_fp32_engine_is_the_fp32_replicas_engine(model_files: An
     theirs = select.tensorrt_for(str(replica_file), gate_opts, KEY)
     assert mine == theirs
     # And the INT8 replica's own engine is another directory: INT8 is part of the key.
-    int8 = select.tensorrt_for(str(replica_file), args.runtime_options("int8", True, 1, 2), KEY)
+    int8 = select.tensorrt_for(str(replica_file), runtime_options(args, "int8", True, 1, 2), KEY)
     assert int8.options["trt_engine_cache_path"] != mine.options["trt_engine_cache_path"]
 
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from ray import serve
 
-from app.models import BUILTIN_MODEL, ModelFiles
+from app.model import BUILTIN_MODEL, ModelFiles
 from app.protocol.v1 import ABSummary, VariantInfo
 from tests.conftest import REPO, ServeDeployer, driver_handle, local_config, wait_until
 from tests.cuda_stand_in import SITECUSTOMIZE
@@ -28,7 +28,7 @@ APP = "fallback"
 @pytest.fixture(scope="module")
 def fp16_file(model_files: ModelFiles) -> Path:
     if not model_files.fp16.is_file():
-        from app.models.fp16 import convert
+        from app.toolchain.fp16 import convert
 
         convert(model_files.fp32, model_files.fp16)
     return model_files.fp16

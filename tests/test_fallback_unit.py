@@ -20,13 +20,14 @@ import pytest
 import yaml
 
 from app.config import AppArgs
-from app.models import BUILTIN_MODEL, ModelFiles
+from app.model import BUILTIN_MODEL, ModelFiles
+from app.ops.runtime_cli import main as plan_main
 from app.runtime import select
-from app.runtime.__main__ import main as plan_main
 from app.runtime.fallback import Build, NeedsTensorRT, tensorrt_absence, tensorrt_failed
 from app.runtime.ort_engine import OrtEngine
 from app.runtime.plan import CPU, CUDA, TENSORRT, EngineChoice, RuntimeOptions, cpu_choice
 from app.runtime.spec import ModelLoadError
+from app.runtime.variants import fallback_options
 from tests.conftest import REPO
 
 
@@ -34,7 +35,7 @@ from tests.conftest import REPO
 def fp16_file(model_files: ModelFiles) -> Path:
     """The FP16 build of the FP32 model (what `make models` writes), built here when missing."""
     if not model_files.fp16.is_file():
-        from app.models.fp16 import convert
+        from app.toolchain.fp16 import convert
 
         convert(model_files.fp32, model_files.fp16)
     return model_files.fp16
@@ -144,9 +145,9 @@ def test_prod_declares_fp16_as_the_int8_fallback() -> None:
     args = AppArgs.model_validate(_prod_args())
     fb = args.variants["int8"].fallback
     assert fb is not None and fb.precision == "fp16" and fb.model_path.endswith("efficientnet_lite0-fp16.onnx")
-    path, opts = args.fallback_options("int8", gpu=True, threads=1, streams=2) or (None, None)
+    path, opts = fallback_options(args, "int8", gpu=True, threads=1, streams=2) or (None, None)
     assert path == Path(fb.model_path) and opts is not None and opts.precision == "fp16" and opts.prefer_gpu
-    assert args.fallback_options("fp32", gpu=True, threads=1, streams=2) is None
+    assert fallback_options(args, "fp32", gpu=True, threads=1, streams=2) is None
 
 
 def test_a_fallback_is_for_int8_variants_only() -> None:

@@ -1,4 +1,4 @@
-"""The FP16 build (app/models/fp16.py, `quantize --target fp16`) and its report: IO types kept, weights FP16, what
+"""The FP16 build (app/toolchain/fp16.py, `quantize --target fp16`) and its report: IO types kept, weights FP16, what
 must stay FP32 stays FP32, clamped weights counted, INT8 and FP16 inputs refused, the served prologue still fits,
 and the report judged where this machine can. Pure unit tests: no Ray; real ONNX Runtime sessions on the CPU."""
 
@@ -19,10 +19,13 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
 
 from app.imaging.preprocess import preprocess
-from app.models import TARGETS, ModelFiles, builtin_transform, is_builtin_file
-from app.models.__main__ import main
-from app.models.declaration import PreprocessDeclaration
-from app.models.fp16 import (
+from app.model import TARGETS, ModelFiles, builtin_transform, is_builtin_file
+from app.model.declaration import PreprocessDeclaration
+from app.model.graph import graph_io_of, read_graph
+from app.model.prologue import served_model
+from app.ops.models_cli import main
+from app.runtime import CPU, CUDA, usable_providers
+from app.toolchain.fp16 import (
     FP32_OPS,
     Clamped,
     Fp16Options,
@@ -33,12 +36,9 @@ from app.models.fp16 import (
     precision_of,
     to_fp16,
 )
-from app.models.graph import graph_io_of, read_graph
-from app.models.prologue import served_model
-from app.models.quantize import QuantizeOptions, quantize
-from app.models.report import report_paths
-from app.models.samples import EVAL_PHOTOS, sample_bytes
-from app.runtime import CPU, CUDA, usable_providers
+from app.toolchain.quantize import QuantizeOptions, quantize
+from app.toolchain.report import report_paths
+from app.toolchain.samples import EVAL_PHOTOS, sample_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 LOCAL = REPO / "configs" / "local.yaml"

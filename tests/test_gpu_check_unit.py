@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from app.models import ModelFiles
+from app.model import ModelFiles
 from app.runtime.ort_engine import missing_libraries, usable_providers
 from app.runtime.plan import CPU, CUDA, TENSORRT
 from benchmarks import gpu_check
@@ -28,7 +28,7 @@ def _check(files: ModelFiles, out_dir: Path, **over: Any) -> Check:
     trt = files.root / "efficientnet_lite0-int8-trt.onnx"
     models = {"fp32": str(files.fp32), "int8": str(files.int8), "trt_int8": str(trt if trt.is_file() else files.int8)}
     if not files.fp16.is_file():
-        from app.models.fp16 import convert
+        from app.toolchain.fp16 import convert
 
         convert(files.fp32, files.fp16)
     models["fp16"] = str(files.fp16)

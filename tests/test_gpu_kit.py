@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from app.models import ModelFiles
+from app.model import ModelFiles
 from benchmarks.gpu_kit.contents import FP16, INT8_TRT, MODEL_FILES
 
 pytestmark = pytest.mark.slow
@@ -64,7 +64,7 @@ def kit_models(files: ModelFiles, into: Path) -> Path:
     if not (into / INT8_TRT).is_file():
         shutil.copy2(files.int8, into / INT8_TRT)
     if not (into / FP16).is_file():
-        from app.models.fp16 import convert
+        from app.toolchain.fp16 import convert
 
         convert(files.fp32, into / FP16)
     return into

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from app.models import ModelFiles
-from app.models.samples import sample_bytes
+from app.model import ModelFiles
+from app.toolchain.samples import sample_bytes
 from tests.conftest import ServeDeployer, deployment, load_config, local_config, wait_until
 from tests.hostile import HostileCase, hostile_cases
 from tests.test_app import replica_ids, small_png

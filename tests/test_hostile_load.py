@@ -31,7 +31,7 @@ from ray import serve
 
 from app.config import Limits
 from app.front.haproxy_config import Front
-from app.models import ModelFiles
+from app.model import ModelFiles
 from app.serve.serve_internals import serve_client
 from benchmarks import hostile_load
 from benchmarks.procs import is_raylet, proc_table

@@ -14,8 +14,8 @@ import pytest
 import tritonclient.http as triton
 
 from app.imaging.preprocess import preprocess
-from app.models import builtin_transform
-from app.models.samples import sample_bytes
+from app.model import builtin_transform
+from app.toolchain.samples import sample_bytes
 from tests import kserve_client
 from tests.conftest import ServeDeployer
 

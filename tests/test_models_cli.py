@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.models import ModelFiles
-from app.models.__main__ import main
-from app.models.report import report_paths
+from app.model import ModelFiles
+from app.ops.models_cli import main
+from app.toolchain.report import report_paths
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 # 15-35 s per run on two cores. The real entry point is run unpatched by the build and error tests.
 QUICK_TIMING = """
 import runpy, sys
-import app.models.report as report
+import app.toolchain.report as report
 measure = report.time_batches
 report.time_batches = lambda runner, sizes, budget_s=0.0: measure(runner, sizes[:1], 0.0)
 sys.argv[0] = "app.models"
@@ -105,8 +105,8 @@ def test_quantize_gate_passes_a_reachable_min_agreement(gated):
 def test_quantize_tensorrt_writes_its_file_and_its_report_judged_as_tensorrt_computes(model_files, tmp_path):
     import onnx
 
-    from app.models.qdq_placement import placement_problems
-    from app.models.quantize import tensorrt_problems
+    from app.toolchain.qdq_placement import placement_problems
+    from app.toolchain.quantize import tensorrt_problems
 
     out = tmp_path / "trt.onnx"
     args = ("--model", model_files.fp32, "--config", LOCAL, "--output", out, "--target", "tensorrt")

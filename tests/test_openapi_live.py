@@ -14,7 +14,7 @@ import httpx
 import pytest
 from openapi_spec_validator import OpenAPIV31SpecValidator
 
-from app.models.samples import sample_bytes
+from app.toolchain.samples import sample_bytes
 from tests.conftest import ServeDeployer
 from tests.openapi_support import check, component, declared
 

@@ -25,9 +25,9 @@ import pytest
 import yaml
 from ray import serve
 
-from app.models.build import export_lite1
-from app.models.samples import sample_bytes
 from app.runtime import softmax
+from app.toolchain.build import export_lite1
+from app.toolchain.samples import sample_bytes
 from tests.conftest import REPO, ServeDeployer, local_config, wait_until
 
 pytestmark = pytest.mark.slow

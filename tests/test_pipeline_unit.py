@@ -87,9 +87,12 @@ class FakeBackend:
         self.classified: list[tuple[str, int]] = []  # (variant, rows) per Classifier call
         self.ledger: list[ABStats] = []
         self.ledger_down = False
+        self.described: list[str] = []  # variants asked to describe themselves
+        self.transforms: list[Transform] = []  # the transform each Preprocessor call was handed
 
     def preprocess(self, images: list[bytes], transform: Transform, wall_deadline: float) -> FakeCall:
         self.groups.append(len(images))
+        self.transforms.append(transform)
 
         async def go() -> Pixels:
             bad = {i: ServiceError("undecodable_image", "bad") for i, b in enumerate(images) if b == b"bad"}
@@ -126,6 +129,8 @@ class FakeBackend:
         return np.asarray(rows, dtype=np.float32)
 
     def describe(self, variant: str) -> FakeCall:
+        self.described.append(variant)
+
         async def go() -> dict[str, Any]:
             return {"input": {"size": [224, 224], "transform": Transform.square(224).to_dict()}}
 
@@ -585,6 +590,34 @@ def test_full_outputs_come_back_sliced_per_request_and_pixels_skip_the_preproces
         px = Pixels(np.array([[3], [4]]), 0.0, {}, [0, 1])
         out = await p.classify_pixels(Choice("fp32", "weighted"), px, 5, now)
         assert sorted(out.top) == [0, 1] and backend.groups == [2]  # no second Preprocessor call
+
+    with _perf_is_loop_time():
+        run(go())
+
+
+def test_the_transform_given_at_construction_goes_down_with_each_decode_without_asking_a_classifier() -> None:
+    """The model's transform reaches the decode by construction (build_app reads it from the model's files): no
+    describe() round trip to a Classifier, and the header check knows the decode target before the first request.
+    Without one (no model file on the deploying node) the first request asks a Classifier, once."""
+    given = Transform(240, 240, 3, 256, "cubic", "RGB")
+
+    async def go() -> None:
+        backend = FakeBackend()
+        p = Pipeline(backend, ["fp32", "int8"], Metrics(), rng=random.Random(0), transform=given)
+        settings = RouterConfig.model_validate({"weights": {"fp32": 1, "int8": 1}})
+        p.configure(settings, WeightedSplit(settings.weights))
+        assert p.known_target("int8") == given.decode_target
+        now = asyncio.get_running_loop().time()
+        await p.classify(Choice("int8", "model"), [b"\x09"], 5, now)
+        await p.classify(Choice("fp32", "model"), [b"\x0a"], 5, now)
+        assert backend.transforms == [given, given] and backend.described == []
+
+        asked = FakeBackend()
+        q = pipeline(asked)
+        assert q.known_target("int8") is None  # not known until a Classifier said
+        await q.classify(Choice("int8", "model"), [b"\x09"], 5, now)
+        await q.classify(Choice("int8", "model"), [b"\x0a"], 5, now)
+        assert asked.described == ["int8"] and asked.transforms == [Transform.square(224)] * 2
 
     with _perf_is_loop_time():
         run(go())

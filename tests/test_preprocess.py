@@ -774,7 +774,7 @@ def test_conversion_peak_memory_stays_near_the_output_size(dtype: str, channels:
 
 def _photo_rgb() -> np.ndarray:
     """A real photograph (skimage's chelsea), 300x451 RGB."""
-    from app.models.samples import sample_bytes
+    from app.toolchain.samples import sample_bytes
 
     bgr = cv2.imdecode(np.frombuffer(sample_bytes("chelsea"), np.uint8), cv2.IMREAD_COLOR)
     return np.ascontiguousarray(bgr[..., ::-1])

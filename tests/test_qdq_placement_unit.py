@@ -1,4 +1,4 @@
-"""app.models.qdq_placement on graphs built by hand: which Add is residual and which input its Conv branch, and the
+"""app.toolchain.qdq_placement on graphs built by hand: which Add is residual and which input its Conv branch, and the
 pass that takes the Q/DQ pair off that branch (computing the same thing, with one rounding fewer). No Ray."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from app.models.qdq_placement import ResidualAdd, float_conv_branches, placement_problems, residual_adds
-from app.models.quantize import tensorrt_problems
+from app.toolchain.qdq_placement import ResidualAdd, float_conv_branches, placement_problems, residual_adds
+from app.toolchain.quantize import tensorrt_problems
 
 C = 4  # channels
 SHAPE = [1, C, 6, 6]

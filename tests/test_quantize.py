@@ -12,12 +12,15 @@ import pytest
 from onnx import numpy_helper
 
 from app.imaging.preprocess import preprocess
-from app.models import ModelFiles
-from app.models import report as report_module
-from app.models.graph import read_graph
-from app.models.qdq_placement import placement_problems
-from app.models.quantize import QuantizeOptions, builtin_model, quantize, tensorrt_problems
-from app.models.report import (
+from app.model import ModelFiles
+from app.model.graph import read_graph
+from app.model.u8s8 import pair_problems
+from app.runtime import OrtEngine, RuntimeOptions, cpu_engine, open_engine
+from app.runtime.select import x86_without_vnni
+from app.toolchain import report as report_module
+from app.toolchain.qdq_placement import placement_problems
+from app.toolchain.quantize import QuantizeOptions, builtin_model, quantize, tensorrt_problems
+from app.toolchain.report import (
     BATCH_SIZES,
     build_report,
     compare,
@@ -28,10 +31,7 @@ from app.models.report import (
     time_batches,
     to_markdown,
 )
-from app.models.samples import EVAL_PHOTOS, augmented_samples, available_photos, sample_bytes
-from app.models.u8s8 import pair_problems
-from app.runtime import OrtEngine, RuntimeOptions, cpu_engine, open_engine
-from app.runtime.select import x86_without_vnni
+from app.toolchain.samples import EVAL_PHOTOS, augmented_samples, available_photos, sample_bytes
 
 LIGHT = RuntimeOptions(threads=1, prefer_gpu=False)
 
@@ -44,7 +44,7 @@ def int8_graph(model_files) -> onnx.ModelProto:
 @pytest.fixture(scope="module")
 def trt_model(model_files: ModelFiles) -> Path:
     """The TensorRT INT8 next to the default models, built once like them (`make models` builds it too), and again
-    when the one there predates the residual Adds' Q/DQ placement (app.models.qdq_placement)."""
+    when the one there predates the residual Adds' Q/DQ placement (app.toolchain.qdq_placement)."""
     path = model_files.int8_trt
     if not path.is_file() or placement_problems(onnx.load(str(path))):
         quantize(model_files.fp32, path, augmented_samples(64, 0), QuantizeOptions(target="tensorrt"))
@@ -179,7 +179,7 @@ def test_tensorrt_artifact_passes_the_tensorrt_rules(trt_graph):
 def test_tensorrt_residual_adds_quantize_only_the_skip_input(model_files, trt_graph):
     """NVIDIA's Q/DQ placement for residual connections: at each residual Add only the skip input carries a Q/DQ
     pair and the block's project Conv feeds the Add in float, so that TensorRT fuses the Add into that Conv (with
-    a pair on both inputs it cannot; docs/engines.md). Read from the graphs alone, not from app.models.qdq_placement.
+    a pair on both inputs it cannot; docs/engines.md). Read from the graphs alone, not from app.toolchain.qdq_placement.
     """
     fp32 = onnx.load(str(model_files.fp32)).graph
     fp32_producer = {o: n for n in fp32.node for o in n.output}

@@ -19,8 +19,8 @@ import pytest
 import ray
 from onnx import TensorProto, helper, numpy_helper
 
-from app.models import ModelFiles
-from app.models.samples import sample_bytes
+from app.model import ModelFiles
+from app.toolchain.samples import sample_bytes
 from tests.conftest import ServeDeployer, deployment, load_config, local_config, wait_until
 
 pytestmark = pytest.mark.slow

@@ -18,9 +18,8 @@ import numpy as np
 import pytest
 
 from app.imaging.preprocess import preprocess
-from app.models.samples import EVAL_PHOTOS, available_photos, sample_bytes
+from app.ops.runtime_cli import main as plan_main
 from app.runtime import measure as measure_module
-from app.runtime.__main__ import main as plan_main
 from app.runtime.measure import SpeedGate, Throughput, judge, measure_alternating
 from app.runtime.openvino_engine import OpenVinoEngine
 from app.runtime.ort_engine import PROVIDER_LIBRARIES, missing_libraries, usable_providers
@@ -39,6 +38,7 @@ from app.runtime.plan import (
 )
 from app.runtime.select import open_engine
 from app.runtime.startup import run_speed_gate
+from app.toolchain.samples import EVAL_PHOTOS, available_photos, sample_bytes
 from tests.conftest import REPO
 
 ALL_GPU = [TENSORRT, CUDA, CPU]
@@ -283,9 +283,9 @@ def test_measure_alternating_times_each_run_and_reports_medians() -> None:
 def test_speed_gate_judges_both_ways() -> None:
     fast, slow = Throughput(16, 1, 10.0, 200.0), Throughput(16, 1, 20.0, 100.0)
     ok = judge("int8", SpeedGate("fp32", 1.5, "fail"), fast, slow)
-    assert ok.passed and ok.speedup == 2.0 and "meets" in ok.message()
+    assert ok.passed and ok.speedup == 2.0 and "meets" in ok.message
     bad = judge("int8", SpeedGate("fp32", 2.5, "warn"), fast, slow)
-    assert not bad.passed and "below min_speedup 2.5x" in bad.message() and "200.0 img/s" in bad.message()
+    assert not bad.passed and "below min_speedup 2.5x" in bad.message and "200.0 img/s" in bad.message
 
 
 def test_speed_gate_against_a_baseline_that_reads_zero_img_per_s_stays_a_finite_number() -> None:

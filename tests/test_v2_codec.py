@@ -24,7 +24,9 @@ from tritonclient.utils import InferenceServerException
 
 from app.config import Limits
 from app.errors import STATUS, ServiceError
+from app.http.routes import ROUTES
 from app.protocol import v2
+from app.protocol.paths import PathTable
 
 HW = (224, 224)
 MODEL = "efficientnet_lite0"  # the built-in model's declared name (args.model.name)
@@ -34,6 +36,8 @@ LABELS = [f"label_{i}" for i in range(1000)]
 # Stand-ins for encoded files: JPEG/PNG magic, bytes that are not UTF-8, a zero byte inside.
 JPEG = b"\xff\xd8\xff\xe0" + bytes(range(256)) + b"\x00\xff\xd9"
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 7 + b"\xfe"
+# The route table's V2 paths (app/http/routes.py), each to its operation's name: what the Router matches on.
+V2_PATHS = PathTable((r.method, r.path, r.name) for r in ROUTES if v2.is_v2_path(r.path))
 
 
 def _body(inputs: list[Any], outputs: list[Any] | None = None, **kw: Any) -> tuple[bytes, int | None]:
@@ -122,7 +126,7 @@ def test_model_names_come_from_base_and_variants() -> None:
     ],
 )
 def test_match_v2_path(method: str, path: str, expected: Any) -> None:
-    assert v2.match_v2_path(method, path) == expected
+    assert v2.match_v2_path(method, path, V2_PATHS) == expected
 
 
 @pytest.mark.parametrize(
@@ -130,7 +134,7 @@ def test_match_v2_path(method: str, path: str, expected: Any) -> None:
 )
 def test_wrong_method_on_a_v2_path_is_405(method: str, path: str) -> None:
     with pytest.raises(ServiceError) as e:
-        v2.match_v2_path(method, path)
+        v2.match_v2_path(method, path, V2_PATHS)
     assert _code(e) == ("method_not_allowed", 405)
     want = "POST" if path.endswith("/infer") else "GET"
     assert e.value.headers() == {"Allow": want}  # RFC 9110: a 405 names what the resource takes

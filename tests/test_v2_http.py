@@ -12,8 +12,8 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from app.imaging.preprocess import preprocess
-from app.models import ModelFiles, builtin_transform
-from app.models.samples import sample_bytes
+from app.model import ModelFiles, builtin_transform
+from app.toolchain.samples import sample_bytes
 from tests.conftest import ServeDeployer, local_config, wait_until
 
 pytestmark = pytest.mark.slow

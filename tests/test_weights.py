@@ -17,10 +17,10 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from app.models.build import weights_path
-from app.models.weights import LEGACY_MAGIC, LEGACY_PROTOCOL, WeightsFormatError, load_legacy_state_dict
+from app.toolchain.build import weights_path
+from app.toolchain.weights import LEGACY_MAGIC, LEGACY_PROTOCOL, WeightsFormatError, load_legacy_state_dict
 
-# EfficientNet-Lite0, written out independently of app.models.efficientnet: (repeats, kernel, stride, expand, out).
+# EfficientNet-Lite0, written out independently of app.toolchain.efficientnet: (repeats, kernel, stride, expand, out).
 ARCH = (
     (1, 3, 1, 1, 16),
     (2, 3, 2, 6, 24),

@@ -1,6 +1,6 @@
-"""`python -m app.config CONFIG...`: check Serve configs and serve.env without deploying them."""
+"""`python -m app.config CONFIG...`: a thin face; the command line is app/ops/config_cli.py."""
 
-from app.config.check import main
+from app.ops.config_cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,5 +1,6 @@
 """`AppArgs`: the arguments of `app.main:build_app` (the `args:` block of a Serve config), and the variants,
-TensorRT builds and speed gate it holds.
+TensorRT builds and speed gate it holds: settings and their validation. What turns them into engine options and
+speed gates is app/runtime/variants.py; the check of the declaration against the model files, app/model/check.py.
 
 Build arguments fix what the app is made of: the variants and their model files, the device policy, the input
 limits. They change only with a redeploy that restarts replicas. The models it holds that have a module of their
@@ -18,14 +19,11 @@ from app.config.base import _Strict
 from app.config.cascade import CASCADE_NAME, CascadeArgs
 from app.config.front import FrontArgs
 from app.config.limits import Limits
-from app.models import BUILTIN_MODEL, default_files, is_builtin_file
-from app.models.declaration import ModelDeclaration
+from app.model import BUILTIN_MODEL, default_files, is_builtin_file
+from app.model.declaration import ModelDeclaration
 
 if TYPE_CHECKING:
     from app.config.classifier import ClassifierConfig
-    from app.models.graph import GraphIO
-    from app.runtime.measure import SpeedGate
-    from app.runtime.plan import RuntimeOptions
 
 
 EngineName = Literal["auto", "tensorrt", "cuda", "openvino", "cpu"]
@@ -252,69 +250,6 @@ class AppArgs(_Strict):
     def may_use_tensorrt(self, variant: str) -> bool:
         return self.device != "cpu" and self.variants[variant].engine in ("auto", "tensorrt")
 
-    def runtime_options(self, variant: str, gpu: bool, threads: int, streams: int) -> RuntimeOptions:
-        """How `variant` runs in a replica that was (`gpu`) or was not granted a GPU."""
-        v = self.variants[variant]
-        return self._options(v.precision, v.engine, v.fp16, v.allow_slow_int8, gpu, threads, streams)
-
-    def fallback_options(
-        self, variant: str, gpu: bool, threads: int, streams: int
-    ) -> tuple[Path, RuntimeOptions] | None:
-        """The file and options of `variant`'s declared fallback (None: it declares none)."""
-        fb = self.variants[variant].fallback
-        if fb is None:
-            return None
-        opts = self._options(fb.precision, fb.engine, False, False, gpu, threads, streams)
-        return self.resolved_path(fb.model_path), opts
-
-    def _options(
-        self, precision: str, engine: str, fp16: bool, slow_int8: bool, gpu: bool, threads: int, streams: int
-    ) -> RuntimeOptions:
-        from app.runtime.plan import GraphOptions, RuntimeOptions, TensorRTOptions
-
-        trt, graphs = self.tensorrt, self.cuda_graphs
-        return RuntimeOptions(
-            threads=threads,
-            streams=streams,
-            engine=engine,
-            precision=precision,
-            fp16=fp16,
-            prefer_gpu=self.device == "cuda" or (self.device == "auto" and gpu),
-            require_gpu=self.require_gpu,
-            allow_slow_int8=slow_int8,
-            gpu_mem_limit_bytes=self.gpu_mem_limit_bytes,
-            tensorrt=TensorRTOptions(
-                cache_dir=trt.resolved_cache_dir(),
-                max_batch_size=trt.max_batch_size,
-                workspace_bytes=trt.workspace_bytes,
-                builder_optimization_level=trt.builder_optimization_level,
-                timing_cache=trt.timing_cache,
-            ),
-            cuda_graphs=GraphOptions(tuple(graphs.buckets)) if graphs.enabled else None,
-        )
-
-    def speed_gate_for(
-        self, variant: str, gpu: bool, threads: int, streams: int, chosen_engine: str
-    ) -> tuple[SpeedGate, str, RuntimeOptions] | None:
-        """The gate `variant` must pass, the baseline's model file and how to run it; None if not gated.
-
-        The baseline runs on the engine family `variant` chose on this node (its own `engine` where that
-        is not auto), so the comparison is of the models, and the start pays for one measurement only.
-        """
-        from dataclasses import replace
-
-        from app.runtime.measure import SpeedGate
-
-        gate = self.speed_gate
-        if gate is None or gate.baseline == variant:
-            return None
-        # No CUDA graphs for the baseline: it is timed at max_batch_size, where they do not apply.
-        opts = replace(self.runtime_options(gate.baseline, gpu, threads, streams), cuda_graphs=None)
-        if opts.engine == "auto":
-            opts = replace(opts, engine=chosen_engine)
-        path = str(self.resolved_path(self.variants[gate.baseline].model_path))
-        return SpeedGate(gate.baseline, gate.min_speedup, gate.action), path, opts
-
     def batching_problems(self, variant: str, cfg: ClassifierConfig, max_ongoing: int | None) -> list[str]:
         """What is wrong with `variant`'s batching: batches that cannot fill, or exceed the TensorRT profile."""
         problems = []
@@ -333,44 +268,18 @@ class AppArgs(_Strict):
             )
         return problems
 
-    def check_graphs(self) -> list[Path]:
-        """The declaration against the graph of each variant whose file is on this machine, and the variants against
-        each other (one model: one input, one set of classes); ValueError naming the field. The files checked."""
-        from app.models.graph import GraphError, read_graph
-
-        checked: list[Path] = []
-        first: tuple[str, GraphIO] | None = None
-        labels = self.model.label_count()
-        files = [(name, "model_path", v.model_path) for name, v in sorted(self.variants.items())]
+    def model_files(self) -> list[tuple[str, Path]]:
+        """Each model file the variants name, with the field that names it: the variants', then their fallbacks'."""
+        variants = sorted(self.variants.items())
+        files = [(f"variants.{n}.model_path", self.resolved_path(v.model_path)) for n, v in variants]
         files += [
-            (name, "fallback.model_path", v.fallback.model_path)
-            for name, v in sorted(self.variants.items())
+            (f"variants.{n}.fallback.model_path", self.resolved_path(v.fallback.model_path))
+            for n, v in variants
             if v.fallback
         ]
-        for name, field_name, model_path in files:
-            path = self.resolved_path(model_path)
-            if not path.is_file():
-                continue
-            where = f"variants.{name}.{field_name}: {path}"
-            try:
-                graph = read_graph(path)
-            except GraphError as e:
-                raise ValueError(f"{where}: {e}") from None
-            self.model.check_against(graph, labels, where)
-            if first is not None and _io(graph) != _io(first[1]):
-                raise ValueError(
-                    f"{where}: its graph takes {graph.describe_input()} with {graph.classes} classes, "
-                    f"variants.{first[0]}'s {first[1].describe_input()} with {first[1].classes}: the variants of one "
-                    "model share its declaration, so they must take the same input and give the same classes"
-                )
-            first = first or (name, graph)
-            checked.append(path)
-        return checked
+        return files
 
     def is_default_model(self, path: Path) -> bool:
         files = default_files(path.parent)
         return path in (files.fp32, files.int8, files.int8_trt, files.fp16)
 
-
-def _io(graph: GraphIO) -> tuple[object, ...]:
-    return (graph.input_shape[1:], graph.dtype, graph.layout, graph.classes)

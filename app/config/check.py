@@ -1,19 +1,14 @@
-"""`python -m app.config FILE...`: check Serve config files and serve.env the way a deploy would, without deploying.
-
-`validate_serve_config` checks a whole Serve config: the app's args, each deployment's user_config, and what only
+"""`validate_serve_config` checks a whole Serve config: the app's args, each deployment's user_config, and what only
 the file shows (limits that must agree across deployments, batches that cannot fill).
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from pydantic import BaseModel
 
 from app.config.args import AppArgs
 from app.config.classifier import ClassifierConfig, classifier_deployment_name
 from app.config.router import RouterConfig, router_deployment_name
-from app.config.serve_env import read_serve_env
 
 
 def validate_serve_config(cfg: dict, app_index: int = 0) -> AppArgs:
@@ -70,31 +65,3 @@ def validate_serve_config(cfg: dict, app_index: int = 0) -> AppArgs:
             raise ValueError(f"deployments[{name}]: {'; '.join(problems)}")
     return args
 
-
-def main(argv: list[str] | None = None) -> int:
-    """python -m app.config FILE...: validate Serve config files without deploying them."""
-    import sys
-
-    import yaml
-
-    status = 0
-    for path in argv if argv is not None else sys.argv[1:]:
-        if path.endswith(".env"):
-            try:
-                print(f"{path}: ok ({', '.join(read_serve_env(Path(path))) or 'empty'})")
-            except ValueError as e:
-                print(e, file=sys.stderr)
-                status = 1
-            continue
-        with open(path) as f:
-            cfg = yaml.safe_load(f)
-        try:
-            checked = validate_serve_config(cfg).check_graphs()
-            if checked:
-                print(f"{path}: ok (the model declaration checked against {', '.join(map(str, checked))})")
-            else:
-                print(f"{path}: ok (no model file here: each Classifier checks the declaration against its graph)")
-        except ValueError as e:
-            print(f"{path}: {e}", file=sys.stderr)
-            status = 1
-    return status

@@ -1,20 +1,14 @@
 """`FrontArgs` (`args.front`): the admission front's limits, as the app config declares them.
 
-The front itself (HAProxy and `app-haproxy`) is app/front/; these are its settings, validated with the rest of
-the app's args.
+The front itself (HAProxy and `app-haproxy`) is app/front/, which reads these settings (`app.front.declared`);
+here they are validated with the rest of the app's args.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import Field
 
 from app.config.base import _Strict
-
-if TYPE_CHECKING:
-    from app.config.limits import Limits
-    from app.front.haproxy_config import Front
 
 
 class FrontArgs(_Strict):
@@ -79,12 +73,3 @@ class FrontArgs(_Strict):
         description="HAProxy's buffer (tune.bufsize): what it holds of each body before passing it on; a larger body "
         "goes on once it is full and meets the Router's own body deadline. Each waiting request holds one",
     )
-
-    def limits(self, limits: Limits | None = None) -> Front:
-        """The front's limits; with the app's `limits`, its body limit too (refused by HAProxy from the header)."""
-        from dataclasses import replace
-
-        from app.front.haproxy_config import Front
-
-        front = Front(**self.model_dump())
-        return replace(front, max_body_bytes=limits.max_body_bytes) if limits is not None else front

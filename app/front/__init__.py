@@ -8,9 +8,10 @@ edits the config Serve wrote (app/front/haproxy_config.py says what it adds), in
 arguments, unchanged, in the same pid.
 
 Its limits are the app config's `args.front` (AppArgs, validated with the rest), which `make serve`, the tests,
-the benchmarks and the RayService renderer hand to Serve's processes as APP_FRONT_* variables
-(`python -m app.front env CONFIG` prints them for any other launcher); each Router compares what its
-requests' X-App-Front header says with its own config and says so in /v1/models.
+the benchmarks and the RayService renderer hand to Serve's processes as APP_FRONT_* variables (`python -m app.front
+env CONFIG`, app/ops/front_cli.py, prints them for any other launcher; app/front/instance.py makes a whole Serve
+environment); each Router compares what its requests' X-App-Front header says with its own config and says so in
+/v1/models.
 
 It fails open, loudly: a config it does not recognise (a future Serve), a bad APP_FRONT_* value or a file it
 cannot write leaves Serve's config as it was, with a line on stderr; the Routers then see requests without
@@ -24,11 +25,13 @@ import fcntl
 import os
 import shutil
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from app.config import AppArgs, FrontArgs, Limits
 from app.front.haproxy_config import (
     MARK,
     V1_BODY,
@@ -39,7 +42,19 @@ from app.front.haproxy_config import (
     http_backends,
 )
 
-__all__ = ["MARK", "V1_BODY", "V2_BODY", "Front", "Unrecognised", "admit", "from_env", "http_backends", "main"]
+__all__ = [
+    "MARK",
+    "V1_BODY",
+    "V2_BODY",
+    "Front",
+    "Unrecognised",
+    "admit",
+    "config_env",
+    "declared",
+    "from_env",
+    "http_backends",
+    "main",
+]
 
 SERVE_COPY = ".serve"  # Serve's own config, as it wrote it, beside the one HAProxy runs
 EXECED = "APP_FRONT_EXECED"
@@ -61,14 +76,10 @@ VARIABLES = {
 def from_env(env: dict[str, str] | os._Environ[str]) -> Front:
     """The front's limits from APP_FRONT_* (absent: the default), checked as AppArgs.front checks them; a bad value
     is an error naming its variable."""
-    from pydantic import ValidationError
-
-    from app.config import FrontArgs
-
     given = {name: env[key] for name, key in VARIABLES.items() if env.get(key)}
     body = given.pop("max_body_bytes", None)
     try:
-        front = FrontArgs.model_validate(given).limits()
+        front = declared(FrontArgs.model_validate(given))
     except ValidationError as e:
         first = e.errors()[0]
         name = str(first["loc"][0]) if first["loc"] else ""
@@ -78,6 +89,13 @@ def from_env(env: dict[str, str] | os._Environ[str]) -> Front:
     if not body.isdigit() or int(body) == 0:
         raise ValueError(f"{VARIABLES['max_body_bytes']}={body!r}: expected a positive integer (Limits.max_body_bytes)")
     return replace(front, max_body_bytes=int(body))
+
+
+def declared(front: FrontArgs, limits: Limits | None = None) -> Front:
+    """The front's limits as the app config declares them (args.front); with the app's `limits`, its body limit too
+    (refused by HAProxy from the header)."""
+    limits_here = Front(**front.model_dump())
+    return replace(limits_here, max_body_bytes=limits.max_body_bytes) if limits is not None else limits_here
 
 
 def env_of(front: Front) -> dict[str, str]:
@@ -168,62 +186,9 @@ def config_env(config: dict[str, Any], application: str | None = None) -> dict[s
 
     One front serves every application of a Serve instance (one HAProxy per node): the first application's
     limits are the instance's."""
-    from app.config import AppArgs
-
     apps = config.get("applications") or []
     app = next((a for a in apps if a.get("name") == application), None) if application else (apps or [None])[0]
     if app is None:
         raise ValueError(f"no application {application!r}" if application else "no applications")
     args = AppArgs.model_validate(app.get("args") or {})
-    return env_of(args.front.limits(args.limits))
-
-
-def print_env(argv: list[str]) -> int:
-    """`python -m app.front env CONFIG [APP]`: the APP_FRONT_* lines of a Serve config's args.front, for a shell
-    (`set -a; eval "$(python -m app.front env configs/local.yaml)"`) or a Pod's environment."""
-    import yaml
-
-    if not argv:
-        print("usage: python -m app.front env CONFIG.yaml [APPLICATION]", file=sys.stderr)
-        return 2
-    try:
-        env = config_env(yaml.safe_load(Path(argv[0]).read_text()), argv[1] if len(argv) > 1 else None)
-    except (OSError, ValueError) as e:
-        print(f"{argv[0]}: {e}", file=sys.stderr)
-        return 2
-    for key, value in env.items():
-        print(f"{key}={value}")
-    return 0
-
-
-def print_status(url: str, wait_s: float = 600) -> int:
-    """`python -m app.front status URL`: once the app at URL is ready, one line: is the front in place, and how.
-
-    `make serve` runs it beside `serve run`, so a front that failed open is said at start, not found later."""
-    import httpx
-
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            if httpx.get(url + "/readyz", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            print(f"admission front: {url} was not ready within {wait_s:g} s", file=sys.stderr)
-            return 1
-        time.sleep(1)
-    front = httpx.get(url + "/v1/models", timeout=10).json()["admission_front"]
-    active = {h: f for h, f in front["haproxies"].items() if f["active"]}
-    if not active:
-        print(
-            f"admission front: NOT in place: {front['requests_without_front']} requests reached the Router without it "
-            "(RAY_SERVE_HAPROXY_BINARY_PATH must name app-haproxy; its reason is on HAProxy's stderr)",
-            file=sys.stderr,
-        )
-        return 1
-    for host, seen in active.items():
-        limits = " ".join(f"{k}={v}" for k, v in seen["limits"].items())
-        differs = f"; differs from the config in {seen['differs_from_config']}" if seen["differs_from_config"] else ""
-        print(f"admission front: in place on {host}: {limits}{differs}")
-    return 0
+    return env_of(declared(args.front, args.limits))

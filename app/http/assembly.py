@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from app.config import AppArgs, RouterConfig
+from app.front import declared
 from app.http.body_reader import BodyReader
 from app.http.docs import Docs
 from app.http.front_report import FrontReport
@@ -21,17 +22,18 @@ from app.http.policy import RouterPolicy
 from app.http.replies import Replies
 from app.http.report import RouterReport
 from app.http.rollout import RolloutAPI
-from app.http.routes import route_table
+from app.http.routes import ROUTES, route_table
 from app.http.v1 import V1
 from app.http.v2 import V2
 from app.http.v2_operations import V2Operations
+from app.imaging.transform import Transform
 from app.pipeline.capture import CaptureStore
 from app.pipeline.ports import Backend
 from app.pipeline.service import Pipeline
 from app.protocol.v2.parse_pool import ParsePool
 
 if TYPE_CHECKING:  # a type only: the Router's metrics are made and handed in by the deployment
-    from app.serve.metrics import RouterMetrics
+    from app.http.ports import Metrics
 
 
 class RouterApp:
@@ -41,12 +43,14 @@ class RouterApp:
         backend: Backend,
         variants: list[str],
         replica: str,
-        metrics: RouterMetrics,
+        metrics: Metrics,
         serve_request_id: Callable[[], str | None] = lambda: None,
         decoder_state: Callable[[], dict[str, Any]] | None = None,
+        transform: Transform | None = None,
     ) -> None:
         """variants: the Classifiers; serve_request_id: Serve's id of the request being handled;
-        decoder_state: the Router's own decoder's describe() (decode_in: router)."""
+        decoder_state: the Router's own decoder's describe() (decode_in: router); transform: the model's, as the
+        deploy read it (None: asked of a Classifier once)."""
         rng = random.Random()
         captures = {n: c.capture for n, c in args.cascades.items() if c.capture.enabled}
         self.capture = CaptureStore(captures) if captures else None  # the cascades' calibration capture
@@ -55,14 +59,15 @@ class RouterApp:
             backend,
             variants,
             metrics,
-            metrics.cancelled.inc,
+            metrics.request_cancelled,
             rng,
             dict(args.cascades),
             capture=self.capture,
             after_flush=self.after_flush,
+            transform=transform,
         )
         self.policy = RouterPolicy(self.pipeline, variants, list(args.cascades), metrics, rng)
-        self.front = FrontReport(args.front.limits())  # which admission fronts this Router's requests came through
+        self.front = FrontReport(declared(args.front))  # which admission fronts this Router's requests came through
         replies = Replies(metrics)
         parsers = ParsePool()  # large V2 JSON is parsed in a child process (CPython's json holds the GIL)
         bodies = BodyReader(args.limits, lambda: self.policy.config, metrics, self.pipeline.admission.client_gone)
@@ -73,8 +78,8 @@ class RouterApp:
         v2 = V2(args, ops, policy, bodies, replies, parsers)
         grpc = GRPC(args, ops, metrics)
         rollout = RolloutAPI(args.model.name, pipeline, policy, bodies)
-        docs = Docs(args.limits, variants, self.policy)
-        routes = route_table(v1, v2, grpc, rollout, docs)
+        docs = Docs(args.limits, variants, self.policy, ROUTES)  # documents the table the Ingress dispatches on
+        routes = route_table(v1, v2, grpc, rollout, docs, ROUTES)
         self.ingress = Ingress(routes, v2, grpc, replies, self.policy, self.front, args.limits)
 
     def configure(self, cfg: RouterConfig) -> None:

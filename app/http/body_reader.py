@@ -18,7 +18,7 @@ from app.errors import ServiceError
 from app.request.body import INLINE_INFLATE_BYTES, BodyGate, check_encoding, content_length, inflate
 
 if TYPE_CHECKING:  # a type only: the Router's metrics are made and handed in by the deployment
-    from app.serve.metrics import RouterMetrics
+    from app.http.ports import Metrics
 
 
 class BodyReader:
@@ -26,7 +26,7 @@ class BodyReader:
         self,
         limits: Limits,
         config: Callable[[], RouterConfig],
-        metrics: RouterMetrics,
+        metrics: Metrics,
         client_gone: Callable[[], None],
     ) -> None:
         """config: the Router's config in force (its body deadlines are live); client_gone: counts a client that
@@ -53,7 +53,7 @@ class BodyReader:
         except ClientDisconnect:
             self.client_gone()
             raise ServiceError("bad_request", "the client closed the connection before its body arrived") from None
-        self.metrics.input_bytes.observe(len(body))
+        self.metrics.body_received(len(body))
         return body
 
     async def inflate(self, raw: bytes, encoding: str | None, max_bytes: int) -> bytes:

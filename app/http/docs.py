@@ -7,6 +7,7 @@ files in ASSETS are served, each at its own fixed path, so no request names a fi
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.config import Limits
-from app.http.openapi import build_openapi
+from app.errors import ServiceError
+from app.http.openapi import Documented, build_openapi
 from app.http.policy import RouterPolicy
 
 DOCS, SPEC, ASSETS_AT = "/docs", "/openapi.json", "/docs/assets/"
@@ -77,23 +79,21 @@ def asset_media() -> dict[str, str]:
 class Docs:
     """GET /openapi.json, GET /docs and the page's assets."""
 
-    def __init__(self, limits: Limits, variants: list[str], policy: RouterPolicy) -> None:
-        """policy: the header names in the document are the live config's."""
+    def __init__(self, limits: Limits, variants: list[str], policy: RouterPolicy, routes: Sequence[Documented]) -> None:
+        """policy: the header names in the document are the live config's; routes: the route table it documents
+        (app/http/routes.py ROUTES, as the Router dispatches on it)."""
         self.limits = limits
         self.variants = variants
         self.policy = policy
+        self.routes = routes
         self._spec: tuple[tuple[Any, ...], bytes] | None = None
-
-    def assets(self) -> dict[str, Any]:
-        """Each asset's path -> its handler."""
-        return {ASSETS_AT + name: self._asset_route(name) for name in ASSETS}
 
     async def openapi(self, request: Request) -> Response:
         cfg = self.policy.config
         root = request.scope.get("root_path") or ""  # the application's route_prefix, when it is not "/"
         key = (cfg.sticky_header, cfg.override_header, tuple(self.variants), root)
         if self._spec is None or self._spec[0] != key:  # the header names are live config
-            doc = build_openapi(self.limits, cfg.sticky_header, cfg.override_header, self.variants, asset_media())
+            doc = build_openapi(self.routes, self.limits, cfg.sticky_header, cfg.override_header, self.variants)
             if root:  # "Try it out" sends to the application's prefix, not the host's root
                 doc["servers"] = [{"url": root}]
             self._spec = (key, json.dumps(doc, separators=(",", ":")).encode())
@@ -102,10 +102,10 @@ class Docs:
     async def page(self, request: Request) -> Response:
         return Response(PAGE, media_type="text/html", headers={"Content-Security-Policy": CSP})
 
-    def _asset_route(self, name: str) -> Any:
-        media = ASSETS[name][1]
-
-        async def serve(request: Request) -> Response:
-            return Response(asset(name), headers={"Content-Type": media, "Cache-Control": "public, max-age=3600"})
-
-        return serve
+    async def serve_asset(self, request: Request) -> Response:
+        """One of ASSETS, named by the path's last segment (the route table has one path per asset)."""
+        name = request.url.path.rstrip("/").rsplit("/", 1)[-1]
+        if name not in ASSETS:
+            raise ServiceError("not_found", f"no route {request.url.path}")
+        headers = {"Content-Type": ASSETS[name][1], "Cache-Control": "public, max-age=3600"}
+        return Response(asset(name), headers=headers)

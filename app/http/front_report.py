@@ -6,9 +6,9 @@ with the admission front (app/front/, `haproxy+admission-front`), plain HAProxy 
 (`serve-python-proxy`, Ray's default: a cluster started without configs/serve.env); and which of configs/serve.env's
 settings are in force, missing, or set otherwise. Serve's controller decides HAProxy or its Python proxy from the
 head node's environment and each node's proxy finds its HAProxy binary in its own: the report is exact when every
-node was started with the same environment (README "Production", the RayService's Pods), and a Router on a node
-started otherwise says so. The file is configs/serve.env, or `APP_SERVE_ENV_FILE` where the app is installed
-without the repository (the image sets it to its copy).
+node was started with the same environment (docs/operating.md "A Ray cluster of your own", the RayService's Pods),
+and a Router on a node started otherwise says so. The file is configs/serve.env, or `APP_SERVE_ENV_FILE` where the
+app is installed without the repository (the image sets it to its copy).
 
 Each request that came through the front carries X-App-Front (set by HAProxy, replacing any a client sent): the
 HAProxy's host and its limits. The Router keeps, per HAProxy host, the limits last seen and when, counts the
@@ -117,7 +117,7 @@ class FrontReport:
         elif env["missing"] or env["differs"]:
             logger.warning(
                 "ingress: %s; of %s, %d settings are in force, %s missing%s: start every Ray node with it in its "
-                "environment (README \"Production\")",
+                "environment (docs/operating.md \"A Ray cluster of your own\")",
                 runs,
                 env["file"],
                 len(env["in_force"]),

@@ -28,8 +28,8 @@ from app.protocol.v2 import grpc as v2_grpc
 from app.protocol.v2.pb import grpc_service_pb2 as pb
 
 if TYPE_CHECKING:
+    from app.http.ports import Metrics
     from app.http.routes import RPC
-    from app.serve.metrics import RouterMetrics  # made and handed in by the deployment
 
 logger = logging.getLogger("ray.serve")
 ENDPOINT = "grpc"
@@ -52,7 +52,7 @@ def metadata_headers(context: Any) -> Headers:
 
 
 class GRPC:
-    def __init__(self, args: AppArgs, ops: V2Operations, metrics: RouterMetrics) -> None:
+    def __init__(self, args: AppArgs, ops: V2Operations, metrics: Metrics) -> None:
         self.limits = args.limits
         self.ops = ops
         self.metrics = metrics

@@ -1,4 +1,5 @@
-"""The Router's front door: each HTTP request and gRPC call goes to its handler in the table of app/http/routes.py.
+"""The Router's front door: each HTTP request and gRPC call goes to its handler in the table of app/http/routes.py
+(a path under /v2 to V2's dispatch, in the protocol's error shape; any other to its route, exact or templated).
 
 Before a handler runs: the admission front's mark is noted, the URL's size is checked, an admin route's bearer
 token is checked; after: an error of any kind is the endpoint's JSON error (V2: the protocol's), never a 500
@@ -21,6 +22,7 @@ from app.http.policy import RouterPolicy
 from app.http.replies import Replies
 from app.http.routes import Routes
 from app.http.v2 import V2
+from app.protocol import v2 as proto
 from app.request.guards import check_admin, check_url
 
 logger = logging.getLogger("ray.serve")
@@ -48,7 +50,7 @@ class Ingress:
     async def __call__(self, request: Request) -> Response:
         self.front.saw(request.headers.get("x-app-front"))
         path = app_path(request).rstrip("/") or "/"
-        is_v2 = path.startswith("/v2")
+        is_v2 = proto.is_v2_path(path)
         try:
             raw_path = request.scope.get("raw_path") or request.url.path.encode()
             check_url(raw_path, request.scope.get("query_string") or b"", self.limits.max_url_bytes)
@@ -56,11 +58,15 @@ class Ingress:
             return self.replies.v2_error(e) if is_v2 else self.replies.error("other", e)
         if is_v2:
             return await self.v2.dispatch(request, path, self.routes.v2)
-        route = self.routes.http.get((request.method, path))
-        if route is None:
-            if path in self.routes.paths:
-                return self.replies.error("other", ServiceError("method_not_allowed", f"{request.method} not allowed"))
+        found = self.routes.http.resource(path)
+        if found is None:
             return self.replies.error("other", ServiceError("not_found", f"no route {request.url.path}"))
+        methods, params = found
+        route = methods.get(request.method)
+        if route is None:
+            return self.replies.error("other", ServiceError("method_not_allowed", f"{request.method} not allowed"))
+        if params:  # a template's parameters, where Starlette keeps them (request.path_params)
+            request.scope["path_params"] = params
         try:
             if route.admin:
                 anyone = self.policy.config.allow_unauthenticated_admin

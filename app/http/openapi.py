@@ -1,13 +1,16 @@
-"""The OpenAPI 3.1 document of the v1 API, built from the response models (app/protocol/v1.py) and a table
-of operations; every error status comes from the one status table (app/errors.py STATUS).
+"""The OpenAPI 3.1 document of the v1 API, built from the route table (app/http/routes.py: each entry's `Doc`)
+and the response models (app/protocol/v1.py); every error status comes from the one status table (app/errors.py
+STATUS).
 
-Pure: no Ray, no Starlette. app/http/docs.py serves it as GET /openapi.json.
+Pure: no Ray, no Starlette (the table is handed in). app/http/docs.py serves it as GET /openapi.json.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
@@ -16,7 +19,7 @@ from app import __version__
 from app.config import Limits
 from app.errors import RETRY_AFTER_S, STATUS, ServiceError
 from app.protocol import v1 as s
-from app.rollout.spec import RolloutSpec
+from app.protocol.paths import PathTemplate
 
 REF = "#/components/schemas/{model}"
 ADMIN_SCHEME = "adminBearer"
@@ -33,18 +36,16 @@ ADMIN = ("unauthorized", "admin_disabled")
 
 
 @dataclass(frozen=True)
-class Operation:
-    """One v1 route: what it takes and what it answers."""
+class Doc:
+    """A route's entry in the document: what it takes and what it answers (its method, path and admin flag are the
+    route's own, app/http/routes.py)."""
 
-    method: str
-    path: str
     summary: str
     tag: str
     response: type[BaseModel] | None  # the 200 body; None: not JSON (see `media`)
     errors: tuple[str, ...] = EVERY
     body: str | None = None  # "single" (an image or multipart `file`) or "batch" (multipart `file` parts)
     routed: bool = False  # takes top_k and the A/B headers
-    admin: bool = False
     media: str = "application/json"
     body_503: type[BaseModel] = s.ErrorBody  # /readyz adds each variant's readiness
     description: str = ""
@@ -52,120 +53,42 @@ class Operation:
     status: int = 200  # the success status
 
 
+class Documented(Protocol):
+    """A route as the document reads it (app/http/routes.py's Route)."""
+
+    @property
+    def method(self) -> str: ...
+    @property
+    def path(self) -> str: ...  # literal or a template (app/protocol/paths.py)
+    @property
+    def admin(self) -> bool: ...
+    @property
+    def doc(self) -> Doc | None: ...  # None: not in the document (the V2 protocol's routes)
+
+
 CLASSIFY_ERRORS = (*EVERY, *BODY, *MULTIPART, *IMAGE, *ROUTED, *INFERENCE)
 BATCH_ERRORS = (*EVERY, *BODY, *MULTIPART, *ROUTED, *INFERENCE)
 
-OPERATIONS: tuple[Operation, ...] = (
-    Operation(
-        "POST",
-        "/v1/classify",
-        "Classify one image",
-        "classify",
-        s.ClassifyResponse,
-        CLASSIFY_ERRORS,
-        "single",
-        routed=True,
-        description="The raw image bytes (image/*, application/octet-stream), or multipart/form-data with one "
-        "part named `file`.",
-    ),
-    Operation(
-        "POST",
-        "/v1/classify/batch",
-        "Classify several images",
-        "classify",
-        s.BatchResponse,
-        BATCH_ERRORS,
-        "batch",
-        routed=True,
-        description="multipart/form-data with one or more parts named `file`; `results` is in their order. An "
-        "image that cannot be used fails only its own entry (400, 413 or 415 codes, with its `status`).",
-    ),
-    Operation("GET", "/v1/models", "The variants, the A/B policy and the limits", "state", s.ModelsResponse),
-    Operation("GET", "/v1/ab/summary", "The A/B evidence", "A/B", s.ABSummary, (*EVERY, *CONTROL)),
-    Operation(
-        "POST",
-        "/v1/ab/reset",
-        "Zero the A/B counters",
-        "A/B",
-        s.ABReset,
-        (*EVERY, *ADMIN, *CONTROL),
-        admin=True,
-        description="Needs `Authorization: Bearer <admin token>` (403 admin_disabled when no token is configured).",
-    ),
-    Operation(
-        "GET",
-        "/v1/rollout",
-        "The rollout: state, step, weights, each step's evidence",
-        "rollout",
-        s.RolloutState,
-        (*EVERY, *CONTROL),
-    ),
-    Operation(
-        "POST",
-        "/v1/rollout",
-        "Start a rollout of a candidate variant against a baseline",
-        "rollout",
-        s.RolloutState,
-        (
-            *EVERY,
-            *BODY,
-            *ADMIN,
-            *CONTROL,
-            "conflict",
-            "invalid_parameter",
-            "unknown_variant",
-            "bad_request",
-            "not_ready",
-        ),
-        "json",
-        admin=True,
-        json_body=RolloutSpec,
-        status=202,
-        description="Every field but `candidate` and `baseline` has a default. 409 conflict while one runs.",
-    ),
-    Operation(
-        "POST",
-        "/v1/rollout/abort",
-        "Abort the running rollout: the weights go back to where it started",
-        "rollout",
-        s.RolloutState,
-        (*EVERY, *ADMIN, *CONTROL, "conflict"),
-        admin=True,
-    ),
-    Operation("GET", "/healthz", "Alive", "state", s.Health),
-    Operation(
-        "GET",
-        "/readyz",
-        "Every variant loaded and warmed up",
-        "state",
-        s.Ready,
-        (*EVERY, "not_ready"),
-        body_503=s.NotReadyBody,
-    ),
-    Operation("GET", "/openapi.json", "This document", "docs", None),
-    Operation(
-        "GET", "/docs", "This document in Swagger UI (served with its assets, offline)", "docs", None, media="text/html"
-    ),
-)
-
 
 def build_openapi(
+    routes: Iterable[Documented],
     limits: Limits,
     sticky_header: str,
     override_header: str,
     variants: list[str] | None = None,
-    assets: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The document; the header names are RouterConfig's, `assets` the /docs assets' paths -> media types."""
-    refs, defs = models_json_schema([(m, "serialization") for m in _models()], ref_template=REF, title="components")
-    ref = {m: refs[(m, "serialization")] for m in _models()}
+    """The document of the routes that have a `doc`, in their order; the header names are RouterConfig's."""
+    documented = [r for r in routes if r.doc is not None]
+    docs = [d for r in documented if (d := r.doc) is not None]
+    models = _models(docs)
+    refs, defs = models_json_schema([(m, "serialization") for m in models], ref_template=REF, title="components")
+    ref = {m: refs[(m, "serialization")] for m in models}
     builder = _Paths(limits, sticky_header, override_header, variants, ref)
     paths: dict[str, dict[str, Any]] = {}
-    asset_ops = (
-        Operation("GET", p, "A Swagger UI asset of /docs", "docs", None, media=m) for p, m in (assets or {}).items()
-    )
-    for op in (*OPERATIONS, *asset_ops):
-        paths.setdefault(op.path, {})[op.method.lower()] = builder.operation(op)
+    for route in documented:
+        template = PathTemplate(route.path)
+        for path in template.expand():  # a template: each of its optional parts absent, then present
+            paths.setdefault(path, {})[route.method.lower()] = builder.operation(route, path)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -175,7 +98,7 @@ def build_openapi(
             "(app/errors.py). Every 503 carries `Retry-After`. An unknown path answers 404 `not_found`, a "
             "known one with another method 405 `method_not_allowed`, both with that body.",
         },
-        "tags": [{"name": t} for t in dict.fromkeys(op.tag for op in OPERATIONS)],
+        "tags": [{"name": t} for t in dict.fromkeys(d.tag for d in docs)],
         "paths": paths,
         "components": {
             "schemas": defs.get("$defs", {}),
@@ -184,9 +107,9 @@ def build_openapi(
     }
 
 
-def _models() -> list[type[BaseModel]]:
-    found = {op.response for op in OPERATIONS if op.response} | {op.body_503 for op in OPERATIONS}
-    found |= {op.json_body for op in OPERATIONS if op.json_body}
+def _models(docs: list[Doc]) -> list[type[BaseModel]]:
+    found = {d.response for d in docs if d.response} | {d.body_503 for d in docs}
+    found |= {d.json_body for d in docs if d.json_body}
     return sorted(found, key=lambda m: m.__name__)
 
 
@@ -212,22 +135,26 @@ class _Paths:
     ) -> None:
         self.limits, self.sticky, self.override, self.variants, self.ref = limits, sticky, override, variants, ref
 
-    def operation(self, op: Operation) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "operationId": op.method.lower() + op.path.replace("/", "_").replace(".", "_"),
-            "summary": op.summary,
-            "tags": [op.tag],
-        }
+    def operation(self, route: Documented, path: str) -> dict[str, Any]:
+        """`path`: the route's path, or one of its template's (PathTemplate.expand)."""
+        op = route.doc
+        assert op is not None
+        name = path.replace("/", "_").replace(".", "_").replace("{", "").replace("}", "")
+        out: dict[str, Any] = {"operationId": route.method.lower() + name, "summary": op.summary, "tags": [op.tag]}
         if op.description:
             out["description"] = op.description
-        if op.routed:
-            out["parameters"] = self.parameters()
+        in_path = re.findall(r"\{(\w+)\}", path)
+        parameters = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in in_path] + (
+            self.parameters() if op.routed else []
+        )
+        if parameters:
+            out["parameters"] = parameters
         if op.json_body is not None:
             schema = self.ref[op.json_body]
             out["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
         elif op.body:
             out["requestBody"] = self.request_body(op.body)
-        if op.admin:
+        if route.admin:
             out["security"] = [{ADMIN_SCHEME: []}]
         out["responses"] = {str(op.status): self.success(op), **self.errors(op)}
         return out
@@ -282,7 +209,7 @@ class _Paths:
             limit = f"at most {n} files, {lim.max_body_bytes} bytes in all, each image {lim.max_pixels} pixels"
         return {"required": True, "description": f"JPEG, PNG, WebP, BMP, TIFF or GIF; {limit}", "content": content}
 
-    def success(self, op: Operation) -> dict[str, Any]:
+    def success(self, op: Doc) -> dict[str, Any]:
         if op.response is None:
             schema = {"type": "string"} if op.media == "text/html" else {"type": "object"}
             return {"description": "OK", "content": {op.media: {"schema": schema}}}
@@ -297,7 +224,7 @@ class _Paths:
             }
         return out
 
-    def errors(self, op: Operation) -> dict[str, dict[str, Any]]:
+    def errors(self, op: Doc) -> dict[str, dict[str, Any]]:
         out = {}
         for status, codes in codes_by_status(op.errors).items():
             model = op.body_503 if status == 503 else s.ErrorBody

@@ -21,14 +21,14 @@ from app.request.guards import admin_token
 from app.rollout.board import config_id
 
 if TYPE_CHECKING:  # a type only: the Router's metrics are made and handed in by the deployment
-    from app.serve.metrics import RouterMetrics
+    from app.http.ports import Metrics
 
 logger = logging.getLogger("ray.serve")
 
 
 class RouterPolicy:
     def __init__(
-        self, pipeline: Pipeline, variants: list[str], cascades: list[str], metrics: RouterMetrics, rng: random.Random
+        self, pipeline: Pipeline, variants: list[str], cascades: list[str], metrics: Metrics, rng: random.Random
     ) -> None:
         """variants: the Classifiers; cascades: the cascades' names (both can be routed to)."""
         self.pipeline = pipeline

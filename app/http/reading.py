@@ -1,13 +1,16 @@
 """Reading a request's images and parameters: media types, multipart `file` parts, `top_k`, the header pre-check.
 
-Pure: no Ray, no Starlette. The Router uses these on every path (v1 single, v1 batch, V2), and the
-benchmark peers use them too, so every server in a comparison answers the same request the same way.
+A v1 request enters here twice, once each side of its body: `v1_head` (what the head says, checked before the body
+is read) and `v1_images` (the admitted body's images, each header-checked); V2 once, for the header check. Pure: no
+Ray, no Starlette. The benchmark peers use these too, so every server in a comparison answers the same request the
+same way.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from app.config import Limits
 from app.errors import ServiceError
@@ -97,3 +100,47 @@ def check_images(images: list[bytes], limits: Limits, size: int | None) -> tuple
         except ServiceError as e:
             errors[i] = e
     return errors, pixels
+
+
+@dataclass(frozen=True)
+class V1Head:
+    """A v1 request's head, checked: its id, `top_k`, its Content-Type, and whether it is a batch."""
+
+    request_id: str
+    top_k: int
+    content_type: str | None
+    batch: bool
+
+
+def v1_head(
+    batch: bool, headers: Mapping[str, str], raw_top_k: str | None, serve_request_id: str | None, limits: Limits
+) -> V1Head:
+    """/v1/classify[/batch]'s head, before its body is read: `top_k` (422) and the media type (415)."""
+    content_type = headers.get("content-type")
+    k = top_k(raw_top_k, limits)
+    if batch:
+        check_batch_media(content_type)
+    else:
+        check_single_media(content_type)
+    return V1Head(request_id(serve_request_id, headers), k, content_type, batch)
+
+
+@dataclass(frozen=True)
+class V1Images:
+    """The images of a v1 body: all of them, the refusals of the header check by position, and the pixel counts and
+    positions of those that passed."""
+
+    images: list[bytes]
+    refused: dict[int, ServiceError]
+    pixels: list[int]
+    sent: list[int]  # the positions of those that passed
+
+
+def v1_images(body: bytes, head: V1Head, limits: Limits, size: int | None) -> V1Images:
+    """The admitted body's images (a batch's `file` parts, or the one image), each header-checked (`check_images`)."""
+    if head.batch:
+        images = multipart_images(body, head.content_type or "", limits.max_batch_files)
+    else:
+        images = [single_image(body, head.content_type)]
+    refused, pixels = check_images(images, limits, size)
+    return V1Images(images, refused, pixels, [i for i in range(len(images)) if i not in refused])

@@ -11,7 +11,7 @@ from app.errors import ServiceError
 from app.protocol import v2
 
 if TYPE_CHECKING:  # a type only (app/serve/metrics.py): the metrics are handed in by app/http/assembly.py
-    from app.serve.metrics import RouterMetrics
+    from app.http.ports import Metrics
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -35,7 +35,7 @@ def server_timing(timings: dict[str, float]) -> str:
 class Replies:
     """The one reply path: a v1 or V2 error, or a success, and its metrics."""
 
-    def __init__(self, metrics: RouterMetrics) -> None:
+    def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
 
     def error(self, endpoint: str, err: ServiceError, variant: str | None = None) -> Response:

@@ -1,77 +1,193 @@
-"""The Router's routes, all in one table: every HTTP path, the Open Inference Protocol's REST operations and its
-gRPC methods, each with the handler that answers it and whether it needs the admin token.
+"""The Router's routes, all in one table: every HTTP path (v1, rollout, docs, health and the Open Inference
+Protocol's REST paths) with its method, the handler that answers it, whether it needs the admin token and its
+/openapi.json entry; and the gRPC methods with theirs.
 
-The table is built once from the handlers (`route_table`, called by app/http/assembly.py); the Ingress dispatches
-on it and nothing else adds to it. /openapi.json documents exactly the HTTP routes (tests/test_openapi_unit.py).
+`ROUTES` is the one declaration. Everything else is derived from it: the Ingress's dispatch (`Routes.http`, exact
+paths and templates alike), the V2 path matching (`Routes.v2`, read by app/protocol/v2's `match_v2_path`) and the
+OpenAPI document's `paths` (app/http/openapi.py, from each entry's `doc`). A path is literal or a template in the
+grammar of app/protocol/paths.py (`v2.MODEL_PATH`: a model's name and optional version). Adding an endpoint is one
+handler (a method of one of the Router's parts: V1, V2, RolloutAPI, Docs) and one entry here; `route_table` binds each
+entry's handler to the part that defines it (app/http/assembly.py, once per replica).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import Headers
-from starlette.requests import Request
 from starlette.responses import Response
 
-if TYPE_CHECKING:
-    from app.http.docs import Docs
-    from app.http.grpc import GRPC
-    from app.http.rollout import RolloutAPI
-    from app.http.v1 import V1
-    from app.http.v2 import V2
+from app.http.docs import Docs, asset_media
+from app.http.openapi import ADMIN, BATCH_ERRORS, BODY, CLASSIFY_ERRORS, CONTROL, EVERY, Doc
+from app.http.rollout import RolloutAPI
+from app.http.v1 import V1
+from app.http.v2 import V2
+from app.protocol import v1 as s
+from app.protocol import v2 as proto
+from app.protocol.paths import PathTable
+from app.rollout.spec import RolloutSpec
 
-Handler = Callable[[Request], Awaitable[Response]]
-V2Handler = Callable[[Request, dict[str, str]], Awaitable[Response]]  # with the path's model and version
+if TYPE_CHECKING:
+    from app.http.grpc import GRPC
+
 RPC = Callable[[Any, Headers], Awaitable[Any]]  # a gRPC message and the call's metadata
 
 
 @dataclass(frozen=True)
 class Route:
     method: str
-    path: str
-    handler: Handler
+    path: str  # exact, or a template (app/protocol/paths.py): its parameters go to the handler
+    # In ROUTES the function of a part's class (V1.classify); bound to the Router's part by `route_table`. V2's take
+    # (request, path parameters); the others (request), a template's parameters in request.path_params.
+    handler: Callable[..., Awaitable[Response]]
+    doc: Doc | None = None  # its /openapi.json entry; None: not in the document (the V2 protocol's own)
     admin: bool = False  # needs the admin bearer token (it changes the traffic or the evidence)
+
+    @property
+    def name(self) -> str:
+        """The handler's name: V2's operation (`infer`, `model_ready`, ...)."""
+        return self.handler.__name__
+
+
+M = proto.MODEL_PATH  # /v2/models/{model}[/versions/{version}]
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        "POST",
+        "/v1/classify",
+        V1.classify,
+        Doc(
+            "Classify one image",
+            "classify",
+            s.ClassifyResponse,
+            CLASSIFY_ERRORS,
+            "single",
+            routed=True,
+            description="The raw image bytes (image/*, application/octet-stream), or multipart/form-data with one "
+            "part named `file`.",
+        ),
+    ),
+    Route(
+        "POST",
+        "/v1/classify/batch",
+        V1.classify_batch,
+        Doc(
+            "Classify several images",
+            "classify",
+            s.BatchResponse,
+            BATCH_ERRORS,
+            "batch",
+            routed=True,
+            description="multipart/form-data with one or more parts named `file`; `results` is in their order. An "
+            "image that cannot be used fails only its own entry (400, 413 or 415 codes, with its `status`).",
+        ),
+    ),
+    Route(
+        "GET", "/v1/models", V1.models, Doc("The variants, the A/B policy and the limits", "state", s.ModelsResponse)
+    ),
+    Route("GET", "/v1/ab/summary", V1.ab_summary, Doc("The A/B evidence", "A/B", s.ABSummary, (*EVERY, *CONTROL))),
+    Route(
+        "POST",
+        "/v1/ab/reset",
+        V1.ab_reset,
+        Doc(
+            "Zero the A/B counters",
+            "A/B",
+            s.ABReset,
+            (*EVERY, *ADMIN, *CONTROL),
+            description="Needs `Authorization: Bearer <admin token>` (403 admin_disabled when no token is configured).",
+        ),
+        admin=True,
+    ),
+    Route(
+        "GET",
+        "/v1/rollout",
+        RolloutAPI.get,
+        Doc("The rollout: state, step, weights, each step's evidence", "rollout", s.RolloutState, (*EVERY, *CONTROL)),
+    ),
+    Route(
+        "POST",
+        "/v1/rollout",
+        RolloutAPI.start,
+        Doc(
+            "Start a rollout of a candidate variant against a baseline",
+            "rollout",
+            s.RolloutState,
+            (
+                *EVERY,
+                *BODY,
+                *ADMIN,
+                *CONTROL,
+                "conflict",
+                "invalid_parameter",
+                "unknown_variant",
+                "bad_request",
+                "not_ready",
+            ),
+            "json",
+            json_body=RolloutSpec,
+            status=202,
+            description="Every field but `candidate` and `baseline` has a default. 409 conflict while one runs.",
+        ),
+        admin=True,
+    ),
+    Route(
+        "POST",
+        "/v1/rollout/abort",
+        RolloutAPI.abort,
+        Doc(
+            "Abort the running rollout: the weights go back to where it started",
+            "rollout",
+            s.RolloutState,
+            (*EVERY, *ADMIN, *CONTROL, "conflict"),
+        ),
+        admin=True,
+    ),
+    Route("GET", "/healthz", V1.healthz, Doc("Alive", "state", s.Health)),
+    Route(
+        "GET",
+        "/readyz",
+        V1.readyz,
+        Doc("Every variant loaded and warmed up", "state", s.Ready, (*EVERY, "not_ready"), body_503=s.NotReadyBody),
+    ),
+    Route("GET", "/openapi.json", Docs.openapi, Doc("This document", "docs", None)),
+    Route(
+        "GET",
+        "/docs",
+        Docs.page,
+        Doc("This document in Swagger UI (served with its assets, offline)", "docs", None, media="text/html"),
+    ),
+    *(
+        Route("GET", path, Docs.serve_asset, Doc("A Swagger UI asset of /docs", "docs", None, media=media))
+        for path, media in asset_media().items()
+    ),
+    # The Open Inference Protocol (KServe V2) over REST: every path under /v2, its errors in the protocol's shape.
+    Route("GET", "/v2", V2.server_metadata),
+    Route("GET", "/v2/health/live", V2.server_live),
+    Route("GET", "/v2/health/ready", V2.server_ready),
+    Route("GET", "/v2/models/stats", V2.model_stats),  # every model's; exact, so it is no model named "stats"
+    Route("GET", M, V2.model_metadata),
+    Route("GET", M + "/ready", V2.model_ready),
+    Route("GET", M + "/config", V2.model_config),
+    Route("GET", M + "/stats", V2.model_stats),
+    Route("POST", M + "/infer", V2.infer),
+)
 
 
 @dataclass(frozen=True)
 class Routes:
-    http: dict[tuple[str, str], Route]  # (method, path) -> route: v1, rollout, docs, health
-    v2: dict[str, V2Handler]  # the operation app/protocol's V2 path matching names -> its handler (under /v2)
+    """The table bound to one Router's parts: what the Ingress dispatches on."""
+
+    table: tuple[Route, ...]  # as declared, each handler bound
+    http: PathTable[Route]  # every path but V2's: v1, rollout, docs, health
+    v2: PathTable[Route]  # under /v2 (app/protocol/v2's match_v2_path)
     grpc: dict[str, RPC]  # the RPC's name -> its handler (GRPCInferenceService)
-    paths: frozenset[str] = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "paths", frozenset(p for _, p in self.http))
 
 
-def route_table(v1: V1, v2: V2, grpc: GRPC, rollout: RolloutAPI, docs: Docs) -> Routes:
-    http = [
-        Route("POST", "/v1/classify", v1.classify),
-        Route("POST", "/v1/classify/batch", v1.classify_batch),
-        Route("GET", "/v1/models", v1.models),
-        Route("GET", "/v1/ab/summary", v1.ab_summary),
-        Route("POST", "/v1/ab/reset", v1.ab_reset, admin=True),
-        Route("GET", "/v1/rollout", rollout.get),
-        Route("POST", "/v1/rollout", rollout.start, admin=True),
-        Route("POST", "/v1/rollout/abort", rollout.abort, admin=True),
-        Route("GET", "/healthz", v1.healthz),
-        Route("GET", "/readyz", v1.readyz),
-        Route("GET", "/openapi.json", docs.openapi),
-        Route("GET", "/docs", docs.page),
-        *(Route("GET", path, handler) for path, handler in docs.assets().items()),
-    ]
-    rest_v2: dict[str, V2Handler] = {
-        "server_metadata": v2.server_metadata,
-        "server_live": v2.server_live,
-        "server_ready": v2.server_ready,
-        "model_ready": v2.model_ready,
-        "model_metadata": v2.model_metadata,
-        "model_config": v2.model_config,
-        "model_stats": v2.model_stats,
-        "infer": v2.infer,
-    }
+def route_table(v1: V1, v2: V2, grpc: GRPC, rollout: RolloutAPI, docs: Docs, table: Sequence[Route] = ROUTES) -> Routes:
+    bound = bind(table, (v1, v2, rollout, docs))
     rpcs: dict[str, RPC] = {
         "ServerLive": grpc.server_live,
         "ServerReady": grpc.server_ready,
@@ -82,4 +198,21 @@ def route_table(v1: V1, v2: V2, grpc: GRPC, rollout: RolloutAPI, docs: Docs) -> 
         "ModelStatistics": grpc.model_statistics,
         "ModelInfer": grpc.infer,
     }
-    return Routes({(r.method, r.path): r for r in http}, rest_v2, rpcs)
+    return Routes(
+        bound,
+        PathTable((r.method, r.path, r) for r in bound if not proto.is_v2_path(r.path)),
+        PathTable((r.method, r.path, r) for r in bound if proto.is_v2_path(r.path)),
+        rpcs,
+    )
+
+
+def bind(table: Iterable[Route], parts: Sequence[object]) -> tuple[Route, ...]:
+    """Each entry with its handler bound to the one part whose class defines it (a subclass's override wins)."""
+    out = []
+    for route in table:
+        fn = route.handler
+        owners = [p for p in parts if any(vars(c).get(fn.__name__) is fn for c in type(p).__mro__)]
+        if len(owners) != 1:
+            raise TypeError(f"{route.method} {route.path}: {fn.__qualname__} is a method of {len(owners)} parts")
+        out.append(replace(route, handler=getattr(owners[0], fn.__name__)))
+    return tuple(out)

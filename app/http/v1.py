@@ -23,7 +23,7 @@ from app.pipeline.service import Outcome, Pipeline, ms
 from app.protocol import v1
 
 if TYPE_CHECKING:  # a type only: the Router's metrics are made and handed in by the deployment
-    from app.serve.metrics import RouterMetrics
+    from app.http.ports import Metrics
 
 logger = logging.getLogger("ray.serve")
 SINGLE, BATCH = "/v1/classify", "/v1/classify/batch"
@@ -44,7 +44,7 @@ class V1:
         policy: RouterPolicy,
         bodies: BodyReader,
         replies: Replies,
-        metrics: RouterMetrics,
+        metrics: Metrics,
         report: RouterReport,
         front: FrontReport,
         serve_request_id: Callable[[], str | None],
@@ -73,25 +73,18 @@ class V1:
         """Both endpoints: check, read the body, then (admitted) the header pre-check and the pipeline."""
         t0, pipeline, limits = time.perf_counter(), self.pipeline, self.limits
         endpoint = BATCH if batch else SINGLE
-        top_k = reading.top_k(request.query_params.get("top_k"), limits)
-        content_type = request.headers.get("content-type")
-        if batch:
-            reading.check_batch_media(content_type)
-        else:
-            reading.check_single_media(content_type)
+        head = reading.v1_head(
+            batch, request.headers, request.query_params.get("top_k"), self.serve_request_id(), limits
+        )
+        top_k, rid = head.top_k, head.request_id
         raw = await self.bodies.receive(request)  # admission counts the request only once its body is here
         received = time.perf_counter()  # the request's deadline runs from here, a wait for admission included
         async with pipeline.admitted(len(raw), self.policy.user(request.headers)):
-            rid = reading.request_id(self.serve_request_id(), request.headers)
-            if batch:
-                images = reading.multipart_images(raw, content_type or "", limits.max_batch_files)
-            else:
-                images = [reading.single_image(raw, content_type)]
             choice = self.policy.choose(request.headers)
             # The header pre-check on every image; a refused one fails only its own entry.
-            refused, pixels = reading.check_images(images, limits, pipeline.known_target(choice.variant))
-            self.metrics.observe_pixels(pixels)
-            sent = [i for i in range(len(images)) if i not in refused]
+            read = reading.v1_images(raw, head, limits, pipeline.known_target(choice.variant))
+            images, refused, sent = read.images, read.refused, read.sent
+            self.metrics.observe_pixels(read.pixels)
             if not batch and refused:
                 raise refused[0]
             outcome = Outcome(choice.variant, choice.reason, False, {}, {})
@@ -135,7 +128,7 @@ class V1:
         return self.replies.error(endpoint, e, variant)
 
     def _entry_error(self, endpoint: str, err: ServiceError) -> v1.BatchEntryError:
-        self.metrics.errors.inc(tags={"endpoint": endpoint, "code": err.code})
+        self.metrics.entry_error(endpoint, err.code)
         return v1.BatchEntryError(error=v1.ErrorDetail(code=err.code, message=err.message), status=err.status)
 
     def _classification(self, o: Outcome, pos: int, rid: str, top_k: int, labels: list[str]) -> dict[str, Any]:

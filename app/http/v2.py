@@ -27,7 +27,8 @@ from app.protocol.v2.parse_pool import parse_request
 from app.request.body import check_encoding
 
 if TYPE_CHECKING:
-    from app.http.routes import V2Handler
+    from app.http.routes import Route
+    from app.protocol.paths import PathTable
     from app.protocol.v2.parse_pool import ParsePool
 
 logger = logging.getLogger("ray.serve")
@@ -52,15 +53,16 @@ class V2:
         self.replies = replies
         self.parsers = parsers
 
-    async def dispatch(self, request: Request, path: str, handlers: dict[str, V2Handler]) -> Response:
-        """A /v2 request to the handler its path names (app/http/routes.py), errors in the protocol's shape."""
+    async def dispatch(self, request: Request, path: str, routes: PathTable[Route]) -> Response:
+        """A /v2 request to the handler of its route (app/http/routes.py), errors in the protocol's shape."""
         t0, name, params = time.perf_counter(), "", Params()
         try:
-            matched = v2.match_v2_path(request.method, path)
+            matched = v2.match_v2_path(request.method, path, routes)
             if matched is None:
                 raise ServiceError("not_found", f"no route {request.url.path}")
-            name, params = matched
-            return await handlers[name](request, params)
+            route, params = matched
+            name = route.name
+            return await route.handler(request, params)
         except ServiceError as e:
             self.ops.record_failure(e, params.get("model", "") if name == "infer" else "", time.perf_counter() - t0)
             return self.replies.v2_error(e)

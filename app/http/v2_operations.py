@@ -21,15 +21,15 @@ from app.http import reading
 from app.http.policy import RouterPolicy
 from app.http.replies import Replies
 from app.imaging.payloads import Pixels
+from app.model.outputs import probabilities as as_probabilities
 from app.pipeline.cascade import escalate
 from app.pipeline.routing import Choice
 from app.pipeline.service import Outcome, Pipeline, ms
 from app.protocol import v2
 from app.protocol.v2 import triton_config
-from app.runtime.outputs import probabilities as as_probabilities
 
 if TYPE_CHECKING:
-    from app.serve.metrics import RouterMetrics  # made and handed in by the deployment
+    from app.http.ports import Metrics
 
 Reply = TypeVar("Reply")
 Outputs = dict[str, np.ndarray]
@@ -43,7 +43,7 @@ class V2Operations:
         pipeline: Pipeline,
         policy: RouterPolicy,
         replies: Replies,
-        metrics: RouterMetrics,
+        metrics: Metrics,
     ) -> None:
         self.args = args
         self.limits = args.limits

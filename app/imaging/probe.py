@@ -13,6 +13,9 @@ import re
 import struct
 from dataclasses import dataclass
 
+# The file names of the formats probed here (a directory of images: calibration sets, a cascade's captures).
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
+
 
 @dataclass(frozen=True)
 class ImageInfo:

@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import CaptureArgs
-from app.imaging.probe import probe_dimensions
-from app.models.calibration import IMAGE_SUFFIXES
+from app.imaging.probe import IMAGE_SUFFIXES, probe_dimensions
 
 logger = logging.getLogger("ray.serve")
 MAX_PENDING = 8  # writes waiting for the capture thread (each holds its image); beyond, dropped

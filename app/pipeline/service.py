@@ -95,11 +95,15 @@ class Pipeline:
         cascades: dict[str, CascadeArgs] | None = None,
         capture: Capture | None = None,
         after_flush: Callable[[], Awaitable[None]] | None = None,
+        transform: Transform | None = None,
     ) -> None:
         """Every part assembled here, once. capture: the cascades' calibration capture (app/pipeline/capture.py);
-        after_flush: run about once a second after the A/B evidence goes to the ledger (the Router's rollout poll)."""
+        after_flush: run about once a second after the A/B evidence goes to the ledger (the Router's rollout poll);
+        transform: the model's, known at construction (every variant's: they take the same input), else None: asked of
+        the first Classifier that serves a request (`transform`)."""
         self.backend = backend
         self.variants = variants
+        self._transform = transform
         self.admission = Admission(on_cancel)
         self.evidence = Evidence(backend, after_flush)
         self.failover = Failover(backend, variants)
@@ -279,11 +283,16 @@ class Pipeline:
         return self._specs[variant]
 
     async def transform(self, variant: str) -> Transform:
-        """How the variant's model wants its images: input size, resize, crop, channel order (its Classifier's)."""
+        """How the variant's model wants its images: input size, resize, crop, channel order (as constructed, else its
+        Classifier's)."""
+        if self._transform is not None:
+            return self._transform
         return Transform.from_dict((await self.spec(variant))["transform"])
 
     def known_target(self, variant: str) -> int | None:
         """The side a decode keeps for this variant, if known already (no call: a header check must not wait)."""
+        if self._transform is not None:
+            return self._transform.decode_target
         spec = self._specs.get(self.classifier_of(variant))
         return Transform.from_dict(spec["transform"]).decode_target if spec else None
 

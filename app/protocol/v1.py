@@ -12,8 +12,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.config import Limits
+from app.config.speed_gate import SpeedGateVerdict
 from app.errors import STATUS
-from app.models.declaration import ModelDeclaration
+from app.model.declaration import ModelDeclaration
 from app.rollout.spec import RolloutSpec
 
 
@@ -269,17 +270,7 @@ class Throughput(_Body):
     img_per_s: float
 
 
-class SpeedGateVerdict(_Body):
-    variant: str
-    baseline: str
-    batch: int
-    variant_img_per_s: float
-    baseline_img_per_s: float
-    speedup: float
-    min_speedup: float
-    action: Literal["warn", "fail"]
-    passed: bool
-    message: str
+# `speed_gate`: SpeedGateVerdict (app/config/speed_gate.py), the very record app/runtime's judge() makes.
 
 
 class FallbackInfo(_Body):
@@ -360,7 +351,7 @@ class NormalisationInfo(_Body):
 
 
 class PrologueInfo(_Body):
-    """The ops folded in front of the graph at load (app/models/prologue.py): y = x * scale - shift."""
+    """The ops folded in front of the graph at load (app/model/prologue.py): y = x * scale - shift."""
 
     steps: list[str]
     scale: list[float] | None

@@ -18,10 +18,10 @@ import dataclasses
 import math
 import os
 
+from app.model.outputs import softmax, top_k
 from app.runtime.fallback import Build, Serving
-from app.runtime.measure import GateResult, SpeedGate, Throughput, judge, measure_alternating
+from app.runtime.measure import SpeedGate, Throughput, judge, measure_alternating
 from app.runtime.ort_engine import OrtEngine, usable_providers
-from app.runtime.outputs import softmax, top_k
 from app.runtime.plan import (
     CPU,
     CUDA,
@@ -46,7 +46,6 @@ __all__ = [
     "Build",
     "Engine",
     "EngineChoice",
-    "GateResult",
     "GraphOptions",
     "ModelLoadError",
     "ModelSpec",

@@ -13,9 +13,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+
+from app.config.speed_gate import SpeedGateVerdict
 
 Run = Callable[[np.ndarray], Any]
 
@@ -70,34 +72,10 @@ MAX_SPEEDUP = 1e6  # what a speed-up reads when the baseline measured (next to) 
 class SpeedGate:
     baseline: str
     min_speedup: float
-    action: str  # warn | fail
+    action: Literal["warn", "fail"]
 
 
-@dataclass(frozen=True)
-class GateResult:
-    variant: str
-    baseline: str
-    batch: int
-    variant_img_per_s: float
-    baseline_img_per_s: float
-    speedup: float
-    min_speedup: float
-    action: str
-    passed: bool
-
-    def message(self) -> str:
-        verdict = "meets" if self.passed else "is below"
-        return (
-            f"speed gate: {self.variant} does {self.variant_img_per_s} img/s at batch {self.batch}, "
-            f"{self.baseline} does {self.baseline_img_per_s} img/s on the same node: speedup {self.speedup:.2f}x "
-            f"{verdict} min_speedup {self.min_speedup}x"
-        )
-
-    def describe(self) -> dict[str, Any]:
-        return {**asdict(self), "message": self.message()}
-
-
-def judge(variant: str, gate: SpeedGate, mine: Throughput, baseline: Throughput) -> GateResult:
+def judge(variant: str, gate: SpeedGate, mine: Throughput, baseline: Throughput) -> SpeedGateVerdict:
     # From the times (img_per_s is rounded to 0.1 img/s: a slow baseline would read 0), capped so the figure stays
     # finite: it goes out as JSON (/v1/models) and as a gauge, where infinity is no number. A side whose time
     # reads 0 was not measured: no speed-up is claimed.
@@ -106,14 +84,21 @@ def judge(variant: str, gate: SpeedGate, mine: Throughput, baseline: Throughput)
 
     measured = mine.ms > 0 and baseline.ms > 0
     speedup = min(MAX_SPEEDUP, rate(mine) / rate(baseline)) if measured else 0.0
-    return GateResult(
+    passed, shown = speedup >= gate.min_speedup, round(speedup, 3)
+    message = (
+        f"speed gate: {variant} does {mine.img_per_s} img/s at batch {mine.batch}, {gate.baseline} does "
+        f"{baseline.img_per_s} img/s on the same node: speedup {shown:.2f}x {'meets' if passed else 'is below'} "
+        f"min_speedup {gate.min_speedup}x"
+    )
+    return SpeedGateVerdict(
         variant=variant,
         baseline=gate.baseline,
         batch=mine.batch,
         variant_img_per_s=mine.img_per_s,
         baseline_img_per_s=baseline.img_per_s,
-        speedup=round(speedup, 3),
+        speedup=shown,
         min_speedup=gate.min_speedup,
         action=gate.action,
-        passed=speedup >= gate.min_speedup,
+        passed=passed,
+        message=message,
     )

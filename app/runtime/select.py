@@ -148,7 +148,7 @@ def u8s8_overflows_here(path: str) -> bool:
     # environment with ONNX Runtime but without the onnx package.
     import onnx
 
-    from app.models.u8s8 import pair_problems
+    from app.model.u8s8 import pair_problems
 
     try:
         problems = pair_problems(onnx.load(path))  # external data too, beside the model

@@ -6,7 +6,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.runtime.measure import GateResult, SpeedGate, Throughput, judge, measure_alternating
+from app.config.speed_gate import SpeedGateVerdict
+from app.runtime.measure import SpeedGate, Throughput, judge, measure_alternating
 from app.runtime.plan import RuntimeOptions
 from app.runtime.select import Engine, Opened, open_engine
 
@@ -18,7 +19,7 @@ class StartupReport:
     engine: str
     measured: dict[str, Throughput] = field(default_factory=dict)  # "batch_1", "batch_<max>"
     candidates: dict[str, Throughput] = field(default_factory=dict)  # auto: every engine tried, by name
-    gate: GateResult | None = None
+    gate: SpeedGateVerdict | None = None
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"measured": {k: t.describe() for k, t in self.measured.items()}}
@@ -48,7 +49,7 @@ def run_speed_gate(
     baseline_opts: RuntimeOptions,
     batch: int,
     parallel: int,
-) -> GateResult:
+) -> SpeedGateVerdict:
     """`variant` against the baseline variant's model, engine chosen by the same rules, on this node.
 
     Both run here, in alternating rounds, so the verdict is about this hardware and not about which
@@ -61,5 +62,5 @@ def run_speed_gate(
     finally:
         baseline.close()
     result = judge(variant, gate, measured["variant"], measured["baseline"])
-    (logger.info if result.passed else logger.warning)("Classifier_%s %s", variant, result.message())
+    (logger.info if result.passed else logger.warning)("Classifier_%s %s", variant, result.message)
     return result

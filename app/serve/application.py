@@ -10,8 +10,10 @@ import logging
 from ray.serve import Application
 
 from app.config import AppArgs, classifier_deployment_name
-from app.models import ModelFiles
-from app.models.declaration import ModelDeclaration
+from app.model import ModelFiles
+from app.model.check import check_files
+from app.model.declaration import ModelDeclaration
+from app.model.model_io import transform_of
 from app.serve.classifier import Classifier
 from app.serve.deployments import ABLedger, RolloutController, Router
 from app.serve.preprocessor import Preprocessor
@@ -43,7 +45,8 @@ def ensure_models(args: AppArgs) -> None:
         field, path = next(iter(sorted(still.items())))
         raise ConfigError(f"variants.{field}: model file not found: {path}")
     try:
-        args.check_graphs()  # the declaration against every graph here (a Classifier checks its own at start too)
+        # the declaration against every graph here (a Classifier checks its own at start too)
+        check_files(args.model, args.model_files())
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -54,9 +57,9 @@ def build_default_models(
     """FP32 + INT8 (+ the TensorRT INT8 and the FP16 build when a variant uses them), once, under a file lock
     (builders may race); the INT8 builds calibrated on images prepared as `model` declares (default: the built-in
     declaration)."""
-    from app.models.build import build_fp32
-    from app.models.quantize import QuantizeOptions, quantize
-    from app.models.samples import augmented_samples
+    from app.toolchain.build import build_fp32
+    from app.toolchain.quantize import QuantizeOptions, quantize
+    from app.toolchain.samples import augmented_samples
 
     files.root.mkdir(parents=True, exist_ok=True)
     with open(files.root / ".build.lock", "w") as lock:
@@ -70,7 +73,7 @@ def build_default_models(
             logger.info("quantizing %s -> %s for TensorRT (first start only)", files.fp32, files.int8_trt)
             quantize(files.fp32, files.int8_trt, augmented_samples(64, 0), QuantizeOptions(target="tensorrt"), model)
         if fp16 and not files.fp16.is_file():
-            from app.models.fp16 import convert
+            from app.toolchain.fp16 import convert
 
             logger.info("converting %s -> %s (first start only)", files.fp32, files.fp16)
             convert(files.fp32, files.fp16)
@@ -80,6 +83,9 @@ def build_app(args: AppArgs) -> Application:
     """Router -> Preprocessor -> Classifier_<variant> for every variant in `args` (no Preprocessor when the Router
     decodes)."""
     ensure_models(args)
+    # How the model wants its images, known here from its files: the Router hands it down with every decode, and
+    # asks a Classifier only where no model file is on this node (check_model_files: false).
+    transform = transform_of(args.model, args.model_files())
     classifiers = {
         name: Classifier.options(  # type: ignore[attr-defined]
             name=classifier_deployment_name(name)
@@ -99,4 +105,5 @@ def build_app(args: AppArgs) -> Application:
         ledger,
         args.model_dump(),
         controller,
+        transform.to_dict() if transform is not None else None,
     )

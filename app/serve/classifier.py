@@ -17,10 +17,11 @@ from ray import serve
 
 from app.config import AppArgs, ClassifierConfig
 from app.imaging.payloads import Pixels, Scores
-from app.models.model_io import ModelIO, model_io
-from app.models.prologue import served_model
+from app.model.model_io import ModelIO, model_io
+from app.model.prologue import served_model
 from app.runtime import Build, ModelLoadError, Opened, open_engine, threads_for, top_k
 from app.runtime.startup import StartupReport, run_speed_gate, start_report
+from app.runtime.variants import fallback_options, runtime_options, speed_gate_for
 from app.serve.classifier_report import ClassifierReport
 from app.serve.metrics import ClassifierMetrics
 from app.serve.profiling_twin import ProfilingTwin
@@ -100,7 +101,6 @@ class Classifier(ClassifierReport):
             self._warm_up(cfg.max_batch_size)
         if opening:  # a reopened engine may be another one (auto chooses again): its own figures, not the last's
             self._measure(cfg)
-        if opening:
             _flush_log()
         if cfg.profile_batches != (self.cfg.profile_batches if self.cfg else 0) and cfg.profile_batches > 0:
             assert self._profile is not None
@@ -138,7 +138,7 @@ class Classifier(ClassifierReport):
         """The variant's declared fallback build, as this replica would run it (None: it declares none). A fallback
         file that fails the declaration's checks is reported only where it would serve (`_serving_io`)."""
         self._fallback_io, self._fallback_error = None, None
-        declared = self.args.fallback_options(self.variant, self.gpu, self.threads, streams)
+        declared = fallback_options(self.args, self.variant, self.gpu, self.threads, streams)
         if declared is None:
             return None
         path, opts = declared
@@ -159,7 +159,7 @@ class Classifier(ClassifierReport):
         return self._fallback_io
 
     def _open(self, cfg: ClassifierConfig) -> None:
-        opts = self.args.runtime_options(self.variant, self.gpu, self.threads, cfg.max_concurrent_batches)
+        opts = runtime_options(self.args, self.variant, self.gpu, self.threads, cfg.max_concurrent_batches)
         try:
             fallback = self._fallback(cfg.max_concurrent_batches)
             opened = open_engine(self.variant, self.model_path, opts, cfg.max_batch_size, fallback)
@@ -183,16 +183,17 @@ class Classifier(ClassifierReport):
         chosen = next((c for c in opened.plan.candidates if c.engine == opened.engine.name), opened.plan.candidates[0])
         self._profile = ProfilingTwin(self.variant, str(self.io.served.path), opts, chosen)
         self._report_provider()
+        described = self.engine.describe()
         logger.info(
             "Classifier_%s loaded %s (%s) on %s (%s), %d threads x %d parallel batches; CUDA graphs: %s",
             self.variant,
             self.io.served.path,
             opts.precision,
             self.engine.name,
-            self.engine.describe().get("nodes_per_provider") or self.engine.active_provider,
+            described.get("nodes_per_provider") or self.engine.active_provider,
             opts.threads,
             opts.streams,
-            (self.engine.describe().get("cuda_graphs") or {}).get("graph_batch_sizes", "off"),
+            (described.get("cuda_graphs") or {}).get("graph_batch_sizes", "off"),
         )
 
     def _set_batching(self, cfg: ClassifierConfig) -> None:
@@ -226,14 +227,14 @@ class Classifier(ClassifierReport):
         assert self.opened is not None
         streams = cfg.max_concurrent_batches
         report = start_report(self.opened, cfg.max_batch_size, streams)
-        gate = self.args.speed_gate_for(self.variant, self.gpu, self.threads, streams, self.engine.name)
+        gate = speed_gate_for(self.args, self.variant, self.gpu, self.threads, streams, self.engine.name)
         if gate is not None:
             spec, path, opts = gate
             path = str(served_model(path, self.args.model.preprocess).path)  # as that variant serves it
             report.gate = run_speed_gate(self.variant, self.engine, spec, path, opts, cfg.max_batch_size, streams)
         self.metrics.record_start(self.variant, report)
         if report.gate is not None and not report.gate.passed and report.gate.action == "fail":
-            raise RuntimeError(f"Classifier_{self.variant}: {report.gate.message()} (speed_gate.action: fail)")
+            raise RuntimeError(f"Classifier_{self.variant}: {report.gate.message} (speed_gate.action: fail)")
         self.report = report
 
     # -- requests ---------------------------------------------------------------------

@@ -11,7 +11,7 @@ from app.config import AppArgs, ClassifierConfig
 from app.runtime import CUDA, TENSORRT, Opened
 
 if TYPE_CHECKING:
-    from app.models.model_io import ModelIO
+    from app.model.model_io import ModelIO
     from app.runtime.startup import StartupReport
     from app.serve.metrics import ClassifierMetrics
     from app.serve.profiling_twin import ProfilingTwin

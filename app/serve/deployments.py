@@ -26,6 +26,7 @@ from starlette.responses import Response
 
 from app.config import AppArgs, RouterConfig
 from app.http.assembly import RouterApp
+from app.imaging.transform import Transform
 from app.pipeline.abstats import ABStats
 from app.pipeline.inferstats import ModelStatsTable
 from app.rollout.board import RolloutBoard
@@ -126,13 +127,17 @@ class Router:
         ledger: DeploymentHandle,
         args: dict[str, Any],
         controller: DeploymentHandle | None = None,
+        transform: dict[str, Any] | None = None,
     ) -> None:
+        """transform: the model's (app.imaging.transform.Transform.to_dict()), as the deploy read it from the model's
+        files; None where they were not on its node: the first request asks a Classifier."""
         parsed = AppArgs.model_validate(args)
         decoder = Decoder(parsed.limits) if preprocessor is None else None  # AppArgs.decode_in: router
         backend = ServeBackend(preprocessor, classifiers, ledger, controller, decoder)
         state = decoder.describe if decoder is not None else None
         metrics = RouterMetrics(parsed.model.name)
-        self.app = RouterApp(parsed, backend, sorted(classifiers), replica_id(), metrics, request_id, state)
+        known = Transform.from_dict(transform) if transform is not None else None
+        self.app = RouterApp(parsed, backend, sorted(classifiers), replica_id(), metrics, request_id, state, known)
         self.ingress = self.app.ingress
 
     async def reconfigure(self, config: dict[str, Any]) -> None:

@@ -106,6 +106,16 @@ class RouterMetrics:
         self.held = HeldGauges()
         name_model(self, model)
 
+    # The HTTP layer's Metrics (app/http/ports.py), with the pipeline's below.
+    def entry_error(self, endpoint: str, code: str) -> None:
+        self.errors.inc(tags={"endpoint": endpoint, "code": code})
+
+    def request_cancelled(self) -> None:
+        self.cancelled.inc()
+
+    def body_received(self, size: int) -> None:
+        self.input_bytes.observe(size)
+
     def observe_pixels(self, pixels: list[int]) -> None:
         """Each image's width x height, from its header (before any decode)."""
         for n in pixels:

@@ -3,7 +3,7 @@
 (app.models.default_files().fp32), the same decode (app.imaging.preprocess.preprocess with the built-in model's declared
 transform, app.models.builtin_transform: OpenCV, shorter side to 256, centre 224, bicubic, uint8 RGB NHWC), the
 same engine (app.runtime.onnxruntime_engine: ONNX Runtime's CPU EP, one intra-op thread per instance) and the same
-softmax (app.runtime.outputs).
+softmax (app.model.outputs).
 
 Open Inference Protocol only (no /v1): model `efficientnet_lite0` (--model-name), input `image_bytes` BYTES (one
 encoded image per element, binary extension or JSON), output `top_k` FP32 [N, 1000] probabilities, which Triton's
@@ -84,8 +84,8 @@ def serve(port: int, model_name: str, instances: int, max_batch_size: int, queue
     from pytriton.triton import Triton, TritonConfig
 
     from app.imaging.preprocess import preprocess
-    from app.models import builtin_transform, default_files
-    from app.runtime import RuntimeOptions, onnxruntime_engine, outputs
+    from app.model import builtin_transform, default_files, outputs
+    from app.runtime import RuntimeOptions, onnxruntime_engine
 
     files = default_files()
     labels = files.labels.read_bytes()

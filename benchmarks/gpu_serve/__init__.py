@@ -4,7 +4,8 @@ Why a package of its own: the run has one concept per module, each testable with
 but the node (`node`), which starts and stops the real thing.
 
     shape       the served config derived from configs/prod.yaml: model paths re-pointed, fixed replica counts
-    node        Ray started as README "Production" says (serve.env, the admission front), serve deploy, readiness, stop
+    node        Ray started as docs/operating.md "A Ray cluster of your own" says (serve.env, the admission front),
+                serve deploy, readiness, stop
     timing      the Server-Timing header: parsed, and its stages summarised
     groups      processes named by group (Routers, Preprocessors, each Classifier, HAProxy, Serve, Ray, wrk), CPU deltas
     gpu         the GPU count and the nvidia-smi sampler that runs beside each throughput step

@@ -1,4 +1,5 @@
-"""One Ray node serving the derived config, started as README "Production" says, and stopped by what it started.
+"""One Ray node serving the derived config, started as docs/operating.md "A Ray cluster of your own" says, and stopped
+by what it started.
 
 The environment is configs/serve.env, `python -m app.front env CONFIG`'s APP_FRONT_* lines, and
 RAY_SERVE_HAPROXY_BINARY_PATH naming the admission front. On a node where the project is not pip-installed there is no
@@ -33,8 +34,9 @@ import httpx
 import psutil
 import yaml
 
-from app.config import private_serve_env, read_serve_env
+from app.config import read_serve_env
 from app.config.check import validate_serve_config
+from app.front.instance import private_serve_env
 from benchmarks.procs import alive
 from benchmarks.server_process import ServerProcess, ServerStartError, free_port
 
@@ -42,7 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 RAY = [PY, "-m", "ray.scripts.scripts"]  # the `ray` and `serve` scripts, without needing them on PATH
 SERVE = [PY, "-m", "ray.serve.scripts"]
-CPU_POOL = 1000  # README "Production": each CPU node advertises {"cpu_pool": 1000}
+CPU_POOL = 1000  # docs/operating.md "A Ray cluster of your own": each CPU node advertises {"cpu_pool": 1000}
 # DEPLOY_FAILED is final (a replica's constructor failed its retries); UNHEALTHY may pass (a replica restarting), so it
 # only counts at the deadline.
 HEALTHY, RUNNING, FAILED = "HEALTHY", "RUNNING", ("DEPLOY_FAILED",)
@@ -69,7 +71,8 @@ def front_wrapper(directory: Path, python: str = PY, repo: Path = REPO) -> Path:
 
 
 def front_env(config: Path) -> dict[str, str]:
-    """`python -m app.front env CONFIG`, as README "Production" evals it: the APP_FRONT_* variables."""
+    """`python -m app.front env CONFIG`, as docs/operating.md "A Ray cluster of your own" evals it: the APP_FRONT_*
+    variables."""
     done = subprocess.run([PY, "-m", "app.front", "env", str(config)], capture_output=True, text=True, cwd=REPO)
     if done.returncode:
         raise NodeError(f"python -m app.front env {config}: {done.stderr.strip()}")
@@ -77,8 +80,8 @@ def front_env(config: Path) -> dict[str, str]:
 
 
 def serve_port(start: int = 8000, stop: int = 12000) -> int:
-    """An HTTP port for this Serve with its neighbours free too (app.config.private_serve_env takes port+91..+94 and
-    the replicas' ranges at +20000 and +21000; the gRPC port is +95), 100 apart from any other instance."""
+    """An HTTP port for this Serve with its neighbours free too (app.front.instance.private_serve_env takes port+91..+94
+    and the replicas' ranges at +20000 and +21000; the gRPC port is +95), 100 apart from any other instance."""
     for port in range(start, stop, 100):
         if all(_free(p) for p in (port, *range(port + 91, port + 96))):
             return port

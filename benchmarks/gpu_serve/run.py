@@ -4,13 +4,13 @@
     python -m benchmarks.gpu_serve --cpu-dry-run        # the same code paths on this machine's CPUs, ~1.5 minutes
     python -m benchmarks.gpu_serve --routers 8 --preprocessors 7 --duration 20 --engine-result FILE --out DIR
 
-Derives the served config from --config (benchmarks/gpu_serve/shape.py), starts Ray on this node as README
-"Production" says with the admission front (node.py), deploys, waits until every deployment is healthy, captures GET
-/v1/models, runs the c=1 Server-Timing steps and the four throughput steps (steps.py), stops everything it started,
-and writes benchmarks/results/<stamp>-<host>-gpu-serve{,-dryrun}.{json,md,png} with the verdicts against the engine's
-own rate (verdict.py). Exit 0: the run completed (a missed target is a result); 1: the app could not be served or
-measured (the report says why; `serve status` with the replicas' errors is printed); 2: it cannot run here at all.
-"""
+Derives the served config from --config (benchmarks/gpu_serve/shape.py), starts Ray on this node as
+docs/operating.md "A Ray cluster of your own" says with the admission front (node.py), deploys, waits until every
+deployment is healthy, captures GET /v1/models, runs the c=1 Server-Timing steps and the four throughput steps
+(steps.py), stops everything it started, and writes
+benchmarks/results/<stamp>-<host>-gpu-serve{,-dryrun}.{json,md,png} with the verdicts against the engine's own rate
+(verdict.py). Exit 0: the run completed (a missed target is a result); 1: the app could not be served or measured
+(the report says why; `serve status` with the replicas' errors is printed); 2: it cannot run here at all. """
 
 from __future__ import annotations
 

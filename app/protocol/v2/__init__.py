@@ -9,7 +9,8 @@ protocol is tested without a cluster against the real, unmodified tritonclient.
 This module is the package's face: `from app.protocol import v2`, then `v2.parse_infer_request(...)`. One
 concept a module:
 
-    names.py          the constants, the V2 model names and their resolution, the paths (`match_v2_path`)
+    names.py          the constants, the V2 model names and their resolution, the path grammar (`MODEL_PATH`,
+                      `match_v2_path`)
     metadata.py       the health replies, server and model metadata, the `image` input's size, the protocol's
                       error object
     request.py        the parsed request (`InferRequest`, `RequestedOutput`)
@@ -98,11 +99,13 @@ from app.protocol.v2.names import (
     INPUT_DATATYPES,
     JSON_CONTENT_TYPE,
     LOGITS,
+    MODEL_PATH,
     OUTPUTS,
     PLATFORM,
     PROBABILITIES,
     SERVER_NAME,
     TOP_K,
+    is_v2_path,
     match_v2_path,
     model_name_for,
     model_names,
@@ -121,6 +124,7 @@ __all__ = [
     "INPUT_DATATYPES",
     "JSON_CONTENT_TYPE",
     "LOGITS",
+    "MODEL_PATH",
     "OUTPUTS",
     "PLATFORM",
     "PROBABILITIES",
@@ -135,6 +139,7 @@ __all__ = [
     "encode_infer_response",
     "image_hw",
     "image_shape",
+    "is_v2_path",
     "match_v2_path",
     "model_metadata",
     "model_name_for",

@@ -1,12 +1,16 @@
 """The protocol's names for this service: its constants, the V2 model names (one per way of choosing a variant,
-`model_name_for`) and the paths it serves (`match_v2_path`)."""
+`model_name_for`) and its path grammar: the model paths (`MODEL_PATH`) and their matching (`match_v2_path`, on the
+route table's V2 paths)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 from app.errors import ServiceError
+from app.protocol.paths import PathTable
+
+T = TypeVar("T")
 
 # --------------------------------------------------------------------------- names and constants
 
@@ -60,37 +64,29 @@ def resolve_model(
 
 # --------------------------------------------------------------------------- paths
 
-_MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
-_ROUTES: tuple[tuple[re.Pattern[str], str, str], ...] = (
-    (re.compile(r"/v2"), "GET", "server_metadata"),
-    (re.compile(r"/v2/health/live"), "GET", "server_live"),
-    (re.compile(r"/v2/health/ready"), "GET", "server_ready"),
-    (re.compile(r"/v2/models/stats"), "GET", "model_stats"),  # before _MODEL, which would read "stats" as a name
-    (re.compile(_MODEL), "GET", "model_metadata"),
-    (re.compile(_MODEL + r"/ready"), "GET", "model_ready"),
-    (re.compile(_MODEL + r"/config"), "GET", "model_config"),
-    (re.compile(_MODEL + r"/stats"), "GET", "model_stats"),
-    (re.compile(_MODEL + r"/infer"), "POST", "infer"),
-)
+PREFIX = "/v2"  # every path under it is the protocol's (its 404 and 405 in the protocol's error shape)
+MODEL_PATH = "/v2/models/{model}[/versions/{version}]"  # a model's paths: its name, optionally its version
 
 
-def match_v2_path(method: str, path: str) -> tuple[str, dict[str, str]] | None:
-    """Map a request to a V2 handler name and its path parameters.
+def is_v2_path(path: str) -> bool:
+    return path.startswith(PREFIX)
 
-    Handler names: server_metadata, server_live, server_ready, model_metadata,
-    model_ready, model_config, model_stats, infer. Model routes give {"model": name,
-    "version": v or ""}; `/v2/models/stats` (every model) gives {}.
-    None: not a V2 path. A V2 path with the wrong method raises
-    ServiceError("method_not_allowed") (405).
+
+def match_v2_path(method: str, path: str, paths: PathTable[T]) -> tuple[T, dict[str, str]] | None:
+    """Map a request to its entry in `paths` (the route table's V2 paths, app/http/routes.py) and its path
+    parameters.
+
+    Model paths (`MODEL_PATH`) give {"model": name, "version": v or ""}; a literal path such as
+    `/v2/models/stats` (every model) gives {}. None: not a V2 path. A V2 path with the wrong method raises
+    ServiceError("method_not_allowed") (405), with Allow.
     """
     if path != "/":
         path = path.rstrip("/")
-    for pattern, want, handler in _ROUTES:
-        m = pattern.fullmatch(path)
-        if m is None:
-            continue
-        if method.upper() != want:
-            raise ServiceError("method_not_allowed", f"{method} is not allowed on {path}; use {want}", allow=want)
-        params = {k: v or "" for k, v in m.groupdict().items()}
-        return handler, params
-    return None
+    found = paths.resource(path)
+    if found is None:
+        return None
+    methods, params = found
+    if method.upper() not in methods:
+        want = ", ".join(methods)
+        raise ServiceError("method_not_allowed", f"{method} is not allowed on {path}; use {want}", allow=want)
+    return methods[method.upper()], params

@@ -12,7 +12,7 @@ way (modelopt.onnx.quantization.graph_utils: build_non_residual_input_map, remov
 
 onnxruntime.quantization (1.31) cannot say so: in QDQ format an Add is quantized by QDQOperatorBase, which marks
 every input (and the output) for Q/DQ, and neither an extra option nor TensorQuantOverrides (a tensor's scale,
-zero point or type, never "leave it float") spares one input. So, like Model Optimizer, app.models.quantize
+zero point or type, never "leave it float") spares one input. So, like Model Optimizer, app.toolchain.quantize
 quantizes the Adds whole and this pass then takes the pair off each residual Add's Conv branch.
 
 Which input is the branch is read from the graph, as Model Optimizer does: an Add of two activations is residual

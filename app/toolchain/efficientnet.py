@@ -65,7 +65,9 @@ class Lite:
     def stages(self) -> tuple[Stage, ...]:
         last = len(STAGES) - 1
         return tuple(
-            s if i in (0, last) else Stage(math.ceil(self.depth * s.repeats), s.kernel, s.stride, s.expand, s.out_channels)
+            s
+            if i in (0, last)
+            else Stage(math.ceil(self.depth * s.repeats), s.kernel, s.stride, s.expand, s.out_channels)
             for i, s in enumerate(STAGES)
         )
 

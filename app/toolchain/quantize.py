@@ -2,14 +2,14 @@
 
 cpu       QUInt8 activations (asymmetric): ONNX Runtime's CPU kernels; Clip/Relu fold into the ranges. The
           weights are then rescaled so that those kernels cannot overflow on x86 without VNNI
-          (app.models.u8s8; off with pair_limit=False).
+          (app.model.u8s8; off with pair_limit=False).
 tensorrt  QInt8 activations, symmetric (zero point 0), as TensorRT's explicit quantization requires: FP32
           biases (TensorRT quantizes them itself; an int32 bias DequantizeLinear is not accepted), one Q/DQ
           pair per consumer (TensorRT cannot share a pair between nodes), Q/DQ only in front of the layers
           TensorRT runs in INT8 (onnx-tensorrt operator docs; NVIDIA's Q/DQ placement recommendations), and
           at each residual Add only on the skip input, the Conv branch left in float so that TensorRT fuses
           the Add into that Conv (TensorRT developer guide, "Q/DQ Layer-Placement Recommendations": quantize
-          the residual input; app.models.qdq_placement).
+          the residual input; app.toolchain.qdq_placement).
 
 Offline tooling: like the report, it uses onnxruntime.quantization directly;
 serving code reaches ONNX Runtime only through app.runtime.
@@ -29,14 +29,13 @@ from onnx import numpy_helper
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from app.models import BUILTIN_MODEL, Int8Target
-from app.models.build import atomic_write
-from app.models.calibration import ImageCalibrationReader
-from app.models.declaration import ModelDeclaration
-from app.models.graph import read_graph
-from app.models.model_io import Preparation
-from app.models.qdq_placement import float_conv_branches, placement_problems
-from app.models.u8s8 import PairFit, limit_pairs
+from app.model import BUILTIN_MODEL, Int8Target, atomic_write
+from app.model.declaration import ModelDeclaration
+from app.model.graph import read_graph
+from app.model.model_io import Preparation
+from app.model.u8s8 import PairFit, limit_pairs
+from app.toolchain.calibration import ImageCalibrationReader
+from app.toolchain.qdq_placement import float_conv_branches, placement_problems
 
 METHODS = {
     "minmax": CalibrationMethod.MinMax,
@@ -86,8 +85,8 @@ class QuantizeOptions:
     op_types: Sequence[str] | None = None  # None: the target's default (see PROFILES)
     exclude_nodes: Sequence[str] = ()
     per_channel: bool = True
-    target: Int8Target = "cpu"  # FP16 is no quantization: app.models.fp16
-    pair_limit: bool = True  # cpu target: weights the U8S8 kernels cannot overflow (app.models.u8s8)
+    target: Int8Target = "cpu"  # FP16 is no quantization: app.toolchain.fp16
+    pair_limit: bool = True  # cpu target: weights the U8S8 kernels cannot overflow (app.model.u8s8)
 
 
 def default_opset(model_path: Path) -> int:
@@ -148,7 +147,7 @@ def quantize(
     model: ModelDeclaration | None = None,
 ) -> PairFit | None:
     """Write the INT8 build of `fp32`, calibrated on `calibration` prepared exactly as `model` declares and serves
-    (app.models.model_io.Preparation; default: the built-in model's declaration). For the cpu target with `pair_limit`,
+    (app.model.model_io.Preparation; default: the built-in model's declaration). For the cpu target with `pair_limit`,
     say what the U8S8 pair limit rescaled."""
     if opts.method not in METHODS:
         raise ValueError(f"calibration method {opts.method!r} is not one of {sorted(METHODS)}")

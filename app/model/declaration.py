@@ -8,7 +8,7 @@ preprocessing is the model's own evaluation transform: serving it with another o
     y = (x * scale - mean) / std     per channel, x the uint8 pixel in the graph's channel order
 
 The geometry (decode, resize, crop, channel order) runs in the Preprocessor (app/imaging/transform.py); the
-arithmetic, the layout and the dtype are folded into a copy of the graph at load (app/models/prologue.py).
+arithmetic, the layout and the dtype are folded into a copy of the graph at load (app/model/prologue.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.models.graph import GraphIO
+from app.model.graph import GraphIO
+from app.model.labels import imagenet_labels
 
 
 class _Strict(BaseModel):
@@ -173,7 +174,5 @@ class ModelDeclaration(_Strict):
                 )
             return lines
         if classes == 1000:
-            from app.models.build import imagenet_labels
-
             return imagenet_labels()
         return [f"class_{i}" for i in range(classes or 0)]

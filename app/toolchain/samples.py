@@ -10,8 +10,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from app.imaging.opencv import cv2  # the service's OpenCV settings (its pixel guard) before the library loads
 import numpy as np
+
+from app.imaging.opencv import cv2  # the service's OpenCV settings (its pixel guard) before the library loads
 
 # The five photographs whose classes are known (ImageNet ids of the expected top-1).
 EVAL_PHOTOS = {"chelsea": 285, "coffee": 967, "astronaut": None, "rocket": None, "grace_hopper": 652}

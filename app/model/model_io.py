@@ -10,19 +10,28 @@ from typing import Any
 
 import numpy as np
 
-from app.models.declaration import ModelDeclaration
 from app.errors import ServiceError
-from app.models.graph import GraphError, GraphIO
-from app.models.prologue import ServedModel, normalise, served_model
 from app.imaging.preprocess import preprocess
-from app.runtime.outputs import probabilities
 from app.imaging.transform import Transform
+from app.model.declaration import ModelDeclaration
+from app.model.graph import GraphError, GraphIO, read_graph
+from app.model.outputs import probabilities
+from app.model.prologue import ServedModel, normalise, served_model
 
 
 def transform_for(model: ModelDeclaration, graph: GraphIO) -> Transform:
     """The Preprocessor's half of the declaration, at the graph's input size."""
     p = model.preprocess
     return Transform(graph.height, graph.width, graph.channels, p.resize_shorter, p.interpolation, p.color)
+
+
+def transform_of(model: ModelDeclaration, files: Sequence[tuple[str, Path]]) -> Transform | None:
+    """The model's transform from the first of `files` (field, path) on this machine; None where none is. One for every
+    variant: the variants of a model take the same input (app/model/check.py)."""
+    for _, path in files:
+        if path.is_file():
+            return transform_for(model, read_graph(path))
+    return None
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """What a build of the FP32 model (INT8 or FP16) costs in accuracy and buys in speed, measured on this machine.
 
-One report per build, for any model, served as its declaration says (app/models/declaration.py). A cpu build
+One report per build, for any model, served as its declaration says (app/model/declaration.py). A cpu build
 is judged through ONNX Runtime's fused CPU kernels (what serves it) and timed against FP32; a TensorRT build
-(symmetric S8S8, app.models.quantize target tensorrt) is judged with Q/DQ computed as written, which is
-TensorRT's arithmetic; its speed belongs to TensorRT on a GPU, not here. An FP16 build (app.models.fp16) is judged
+(symmetric S8S8, app.toolchain.quantize target tensorrt) is judged with Q/DQ computed as written, which is
+TensorRT's arithmetic; its speed belongs to TensorRT on a GPU, not here. An FP16 build (app.toolchain.fp16) is judged
 on the CUDA EP's FP16 kernels where that provider is usable here, else on the CPU EP. That one has only float
 kernels for most ops: its InsertCastTransformer casts the FP16 graph onto them, folds the Casts of the weights into
 FP32 copies and drops the Cast pairs between two float kernels (ORT 1.31: the session's optimised graph, written by
@@ -27,18 +27,18 @@ from typing import Any
 import numpy as np
 import onnx
 
-from app.models import Target
-from app.models.calibration import sample_directory
-from app.models.declaration import ModelDeclaration
-from app.models.fp16 import clamped, float32_ops
-from app.models.graph import read_graph
-from app.models.model_io import Preparation
-from app.models.prologue import served_model
-from app.models.samples import EVAL_PHOTOS, available_photos, sample_bytes
-from app.models.u8s8 import pair_problems
+from app.model import Target
+from app.model.declaration import ModelDeclaration
+from app.model.graph import read_graph
+from app.model.model_io import Preparation
+from app.model.outputs import probabilities
+from app.model.prologue import served_model
+from app.model.u8s8 import pair_problems
 from app.runtime import CPU, CUDA, OrtEngine, RuntimeOptions, cpu_engine, onnxruntime_engine, usable_providers
-from app.runtime.outputs import probabilities
 from app.runtime.plan import cpu_choice
+from app.toolchain.calibration import sample_directory
+from app.toolchain.fp16 import clamped, float32_ops
+from app.toolchain.samples import EVAL_PHOTOS, available_photos, sample_bytes
 
 BATCH_SIZES = (1, 8, 16, 32)
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
@@ -81,7 +81,7 @@ def graph_summary(path: Path) -> dict[str, Any]:
 
 def fp16_summary(fp32: Path, path: Path) -> dict[str, Any]:
     """An FP16 build: its size, its FP16 weights, the op types it computes in FP32, and the weights of `fp32` that
-    FP16 cannot hold as they are (app.models.fp16.Clamped)."""
+    FP16 cannot hold as they are (app.toolchain.fp16.Clamped)."""
     model = onnx.load(str(path))
     half = sum(int(np.prod(t.dims)) for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16)
     return {

@@ -22,6 +22,7 @@ from app.runtime import threads_for
 from app.runtime.ort_engine import missing_libraries, ort_version, tensorrt_version, usable_providers
 from app.runtime.plan import TENSORRT, PlanError, Provider, RuntimeOptions, engine_build_key, plan_engines
 from app.runtime.select import build, engine_files_state, gpu_name, model_sha256, tensorrt_for
+from app.runtime.variants import runtime_options, speed_gate_for
 
 
 class BuildRefused(RuntimeError):
@@ -56,7 +57,7 @@ def _deployment(cfg: dict[str, Any], name: str) -> dict[str, Any]:
 def served_path(args: AppArgs, variant: str) -> str:
     """The file a replica of `variant` loads (its served copy when the model needs a prologue); the declared
     file when it is not on this machine (a dry run elsewhere)."""
-    from app.models.model_io import model_io
+    from app.model.model_io import model_io
 
     path = args.resolved_path(args.variants[variant].model_path)
     if not path.is_file():
@@ -90,7 +91,7 @@ def engine_builds(cfg: dict[str, Any], key: dict[str, str] | None = None) -> lis
 
     `key`: the cache key's parts (None: this machine's, read as the replicas read them). A speed gate's
     baseline opens the baseline variant's model with that variant's options on the engine the gated variant
-    chose (`AppArgs.speed_gate_for`, with TensorRT chosen): its directory is the baseline replicas' own, so
+    chose (`app.runtime.variants.speed_gate_for`, with TensorRT chosen): its directory is the baseline replicas' own, so
     it is listed under them rather than built twice.
     """
     args: AppArgs = validate_serve_config(cfg)
@@ -106,9 +107,9 @@ def engine_builds(cfg: dict[str, Any], key: dict[str, str] | None = None) -> lis
     gpu_variants = [v for v in args.variants if args.may_use_tensorrt(v)]
     for variant in gpu_variants:  # the replicas first: a build opens with a replica's own options where one has it
         threads, streams = replica_threads_streams(cfg, args, variant)
-        add(variant, args.runtime_options(variant, True, threads, streams), classifier_deployment_name(variant))
+        add(variant, runtime_options(args, variant, True, threads, streams), classifier_deployment_name(variant))
     for variant in gpu_variants:
-        gate = args.speed_gate_for(variant, True, *replica_threads_streams(cfg, args, variant), "tensorrt")
+        gate = speed_gate_for(args, variant, True, *replica_threads_streams(cfg, args, variant), "tensorrt")
         if gate is not None and args.may_use_tensorrt(gate[0].baseline) and gate[2].engine == "tensorrt":
             add(gate[0].baseline, gate[2], f"speed gate of {classifier_deployment_name(variant)}")
     return list(builds.values())

@@ -34,8 +34,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from app.models.declaration import PreprocessDeclaration
-from app.models.graph import GraphIO, graph_io_of
+from app.model.declaration import PreprocessDeclaration
+from app.model.graph import GraphIO, graph_io_of
 
 PIXELS = "pixels"  # the served graph's input
 # protobuf's own limit on one message; a larger model keeps its weights in an external data file.
@@ -227,7 +227,7 @@ def served_model(path: str | Path, prep: PreprocessDeclaration, cache: Path | No
 
 def _write(model: onnx.ModelProto, out: Path) -> None:
     """Atomically: a temporary name in the same directory, then a rename (weights beside it past 2 GB)."""
-    from app.models.build import atomic_write
+    from app.model import atomic_write
 
     out.parent.mkdir(parents=True, exist_ok=True)
     if model.ByteSize() < _PROTOBUF_LIMIT:

@@ -133,7 +133,7 @@ def _materialise(ref: _TensorRef, storage: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(view)
 
 
-def load_legacy_state_dict(path: str | Path) -> "collections.OrderedDict[str, np.ndarray]":
+def load_legacy_state_dict(path: str | Path) -> collections.OrderedDict[str, np.ndarray]:
     """Return the state dict in `path` as name -> contiguous numpy array."""
     with open(path, "rb") as f:
         # Every pickle goes through a restricted unpickler: plain pickle.load would run any global it names.

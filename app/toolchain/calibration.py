@@ -11,8 +11,7 @@ import numpy as np
 from onnxruntime.quantization import CalibrationDataReader
 
 from app.imaging.preprocess import preprocess
-
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"}
+from app.imaging.probe import IMAGE_SUFFIXES
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ def sample_directory(root: Path, n: int, seed: int = 0) -> list[LabelledImage]:
 
 class ImageCalibrationReader(CalibrationDataReader):
     """Feeds quantize_static the graph's own input in batches: `prepare` turns encoded images into it, as served
-    (app.models.model_io.Preparation); by default the server's `preprocess`, squashed to `size`, uint8 NHWC."""
+    (app.model.model_io.Preparation); by default the server's `preprocess`, squashed to `size`, uint8 NHWC."""
 
     def __init__(
         self,
