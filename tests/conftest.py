@@ -35,11 +35,12 @@ def model_files() -> ModelFiles:
 
 # --------------------------------------------------------------------------- one Ray cluster per session
 
+import contextlib  # noqa: E402
 import copy  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
+from collections.abc import Callable, Iterator, Mapping  # noqa: E402
 from typing import Any  # noqa: E402
 
 import yaml  # noqa: E402
@@ -94,17 +95,32 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, interval_s: float
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}: last={last!r}")
 
 
-def use_serve_env(port: int) -> dict[str, str]:
-    """configs/serve.env in this process's environment, which the Ray processes started next inherit.
+@contextlib.contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[dict[str, str]]:
+    """`values` in this process's environment for the `with` block, and the environment as it was once it ends (a
+    variable it lacked removed again): what a fixture sets ends with the fixture, and no later test sees it."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield dict(values)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def use_serve_env(port: int) -> contextlib.AbstractContextManager[dict[str, str]]:
+    """configs/serve.env in this process's environment for a `with` block (restored when it ends): the Ray processes
+    started in it inherit it, and keep it (a raylet, and every worker it starts, has the environment it started with).
 
     The tests run the Serve runtime `make serve` and the RayService run (HAProxy ingress, throughput-
     optimised mode), with HAProxy's files and stats ports private to this session.
     """
     from app.front.instance import private_serve_env
 
-    env = private_serve_env(port)
-    os.environ.update(env)
-    return env
+    return environment(private_serve_env(port))
 
 
 def driver_handle(deployment_name: str, app_name: str | None = None) -> Any:
@@ -124,23 +140,45 @@ def driver_handle(deployment_name: str, app_name: str | None = None) -> Any:
 
 
 @pytest.fixture(scope="session")
-def ray_session() -> Iterator[None]:
+def ray_session() -> Iterator[dict[str, str]]:
+    """The session's Ray, started with configs/serve.env (use_serve_env) in its environment; that environment.
+
+    The variables are in this process's environment while Ray starts (its processes keep them) and while a test on
+    this Ray runs (`serve_env_in_ray_tests`), nowhere else: a unit test sees the environment it would see alone,
+    wherever it runs in the suite."""
     import ray
 
-    use_serve_env(SERVE_PORT)
-    # Logical CPUs above the 2 real cores: the configs use fractional shares that must all fit.
-    ray.init(
-        num_cpus=6,
-        include_dashboard=False,
-        namespace="serve",
-        log_to_driver=False,
-        _metrics_export_port=METRICS_PORT,
-    )
-    yield
+    with use_serve_env(SERVE_PORT) as env:
+        # Serve's settings (RAY_SERVE_THROUGHPUT_OPTIMIZED, ...) are read when ray.serve is first imported: here, so
+        # that this driver's are the session's, as its Ray processes' are.
+        import ray.serve
+
+        # Logical CPUs above the 2 real cores: the configs use fractional shares that must all fit.
+        ray.init(
+            num_cpus=6,
+            include_dashboard=False,
+            namespace="serve",
+            log_to_driver=False,
+            _metrics_export_port=METRICS_PORT,
+        )
+    yield env
     from ray import serve
 
-    serve.shutdown()
+    with environment(env):
+        serve.shutdown()
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def serve_env_in_ray_tests(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test on the session's Ray sees its configs/serve.env in this process's environment, as the Ray processes do
+    (it may read a variable, or start a process that inherits them), restored after it; any other test sees none of
+    it (tests/test_conftest_env_unit.py)."""
+    if "ray_session" not in request.fixturenames:
+        yield
+        return
+    with environment(request.getfixturevalue("ray_session")):
+        yield
 
 
 class ServeDeployer:
@@ -204,7 +242,7 @@ class ServeDeployer:
 
 
 @pytest.fixture(scope="session")
-def serve_deployer(ray_session: None) -> ServeDeployer:
+def serve_deployer(ray_session: dict[str, str]) -> ServeDeployer:
     return ServeDeployer()
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
+import types
 from typing import Any
 
 import pytest
@@ -11,6 +11,7 @@ import pytest
 from app.config import RouterConfig, validate_serve_config
 from app.errors import ServiceError
 from app.model import ModelFiles
+from app.pipeline import admission
 from app.pipeline.admission import QUEUE_FILL, Admission, CompletionRate, Limits
 from tests.conftest import deployment, local_config
 from tests.test_pipeline_unit import no_ray, run, until  # noqa: F401 (no_ray: an autouse fixture)
@@ -60,6 +61,29 @@ class Holder:
         for gate in self.gates:
             gate.set()
         await asyncio.gather(*self.tasks)
+
+
+class Schedule:
+    """The admission module's clock and its asyncio.sleep, stood in for: time stands still at `now`, and a paced
+    refusal's wait for its turn is recorded by its length and returns at once. The tests check when each refusal
+    was scheduled to go (the pacing's decision), not how long a shared machine took to get there."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 100.0
+        self.sleeps: list[float] = []
+        schedule = self
+
+        class Asyncio:  # the module's asyncio but for sleep
+            def __getattr__(self, name: str) -> Any:
+                return getattr(asyncio, name)
+
+            @staticmethod
+            async def sleep(delay: float) -> None:
+                schedule.sleeps.append(delay)
+                await asyncio.sleep(0)
+
+        monkeypatch.setattr(admission, "asyncio", Asyncio())
+        monkeypatch.setattr(admission, "time", types.SimpleNamespace(monotonic=lambda: self.now))
 
 
 async def refused(adm: Admission, limits: Limits, size: int = 0, user: str | None = None) -> ServiceError:
@@ -196,44 +220,41 @@ def test_the_queue_wait_must_leave_time_for_the_work_and_serve_must_have_room_fo
         validate_serve_config(cfg)
 
 
-def test_refusals_beyond_the_pace_wait_their_turn_and_those_within_it_go_at_once() -> None:
+def test_refusals_beyond_the_pace_wait_their_turn_and_those_within_it_go_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    schedule = Schedule(monkeypatch)
+
     async def go() -> None:
         adm = Admission(rate=finished(10, over_s=10))  # 1/s: the next in the queue would wait 1 s, over queue_wait_s
         limits = Limits(1, queue_wait_s=0.5, queued=10, queued_bytes=1 << 20, refusals_per_s=20, pace_wait_s=5)
         h = Holder(adm, limits)
         h.start()
         await until(lambda: adm.in_flight == 1)
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-
-        async def timed() -> float:
-            await refused(adm, limits)
-            return loop.time() - t0
-
-        times = sorted(await asyncio.gather(*(timed() for _ in range(5))))
-        assert times[0] < 0.04  # the first goes at once
-        # the rest one every 1/20 s, in turn: a client resending at once is slowed to the pace
-        assert all(b - a > 0.03 for a, b in itertools.pairwise(times)), times
+        await asyncio.gather(*(refused(adm, limits) for _ in range(5)))
+        # The first goes at once (no wait scheduled); the rest one every 1/20 s after it, in turn: a client
+        # resending at once is slowed to the pace.
+        assert schedule.sleeps == pytest.approx([0.05, 0.10, 0.15, 0.20]), schedule.sleeps
         assert adm.pacing == 0 and adm.refused == 5
         await h.release_all()
 
     run(go())
 
 
-def test_a_refusal_whose_turn_is_beyond_the_wait_budget_goes_at_the_end_of_it() -> None:
+def test_a_refusal_whose_turn_is_beyond_the_wait_budget_goes_at_the_end_of_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    schedule = Schedule(monkeypatch)
+
     async def go() -> None:
         adm = Admission()
         limits = Limits(1, queue_wait_s=0, queued=1, queued_bytes=0, refusals_per_s=10, pace_wait_s=0.1)
         h = Holder(adm, limits)
         h.start()
         await until(lambda: adm.in_flight == 1)
-        adm._next_refusal_at = asyncio.get_running_loop().time() + 10  # the pace is booked 10 s ahead
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
+        adm._next_refusal_at = schedule.now + 10  # the pace is booked 10 s ahead
         await refused(adm, limits)  # no queue, so refused; its turn is 10 s away
-        assert 0.08 < loop.time() - t0 < 1.0 and adm.pacing == 0  # sent at pace_wait_s (0.1 s)
+        assert schedule.sleeps == pytest.approx([0.1]) and adm.pacing == 0  # sent at pace_wait_s (0.1 s)
         await refused(adm, limits, size=1)  # 1 byte over queued_bytes: no room to hold it, sent at once
-        assert loop.time() - t0 < 1.0
+        assert schedule.sleeps == pytest.approx([0.1])  # no wait scheduled for it
         await h.release_all()
 
     run(go())

@@ -20,7 +20,14 @@ def test_the_curve_runs_from_int8_alone_to_fp32_alone(result: dict[str, Any]) ->
     assert first["threshold"] == 0.0 and first["escalation"] == 0.0
     assert first["agreement"] == pytest.approx(result["agreement_int8_alone"])
     assert last["threshold"] == 1.0 and last["escalation"] == 1.0 and last["agreement"] == 1.0
-    assert last["speedup"] < first["speedup"] and last["speedup"] < 1.0  # both models on every image cost most
+    assert [p["escalation"] for p in result["curve"]] == sorted(p["escalation"] for p in result["curve"])
+    # Each point's throughput is FP32 alone's per-image cost over the cascade's: decode, INT8 on every image, FP32
+    # on the escalated share (at the last point, both models on every image). The figures themselves are measured,
+    # so their sizes are the benchmark's business (python -m benchmarks.cascade), not this test's.
+    cost = result["cost_ms_per_image"]
+    for p in result["curve"]:
+        cascade_ms = cost["decode"] + cost["int8"] + p["escalation"] * cost["fp32"]
+        assert p["speedup"] == pytest.approx((cost["decode"] + cost["fp32"]) / cascade_ms, rel=1e-2), (p, cost)
 
 
 def test_too_little_evidence_keeps_the_default_and_every_figure_is_measured(result: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ import pytest
 from ray import serve
 
 from app.model import BUILTIN_MODEL, ModelFiles
+from app.runtime.measure import MAX_SPEEDUP
 from tests.conftest import ServeDeployer, driver_handle, local_config, wait_until
 
 pytestmark = pytest.mark.slow
@@ -132,6 +133,10 @@ def test_require_gpu_on_a_cpu_only_replica_fails_saying_so(deploy_beside: Any, m
     assert "require_gpu" in message and "CPUExecutionProvider" in message
 
 
+# A speed gate's min_speedup that no measurement meets: a measured speed-up reads at most MAX_SPEEDUP.
+UNREACHABLE = 2 * MAX_SPEEDUP
+
+
 def two_variant_app(model_files: ModelFiles, gate: dict[str, Any]) -> dict[str, Any]:
     """INT8 and FP32 on the CPU EP at /broken, with a speed gate against FP32."""
     app = one_variant_app(model_files, args={"speed_gate": gate})
@@ -149,14 +154,16 @@ def two_variant_app(model_files: ModelFiles, gate: dict[str, Any]) -> dict[str, 
 def test_speed_gate_fail_keeps_a_variant_that_is_not_fast_enough_from_starting(
     deploy_beside: Any, model_files: ModelFiles
 ) -> None:
-    # INT8 is ~2x FP32 here, never 50x: the INT8 replica refuses to start, quoting both figures.
-    message = deploy_beside(two_variant_app(model_files, {"baseline": "fp32", "min_speedup": 50, "action": "fail"}))
+    # A gate no measurement passes, whatever this machine's speed: the INT8 replica refuses to start, quoting both
+    # figures.
+    gate = {"baseline": "fp32", "min_speedup": UNREACHABLE, "action": "fail"}
+    message = deploy_beside(two_variant_app(model_files, gate))
     assert "Classifier_int8" in message and "speed gate" in message
-    assert "is below min_speedup 50.0x" in message and "img/s" in message
+    assert f"is below min_speedup {UNREACHABLE}x" in message and "img/s" in message
 
 
 def test_speed_gate_warn_serves_and_flags_the_slow_variant(local_app: ServeDeployer, model_files: ModelFiles) -> None:
-    app = two_variant_app(model_files, {"baseline": "fp32", "min_speedup": 50, "action": "warn"})
+    app = two_variant_app(model_files, {"baseline": "fp32", "min_speedup": UNREACHABLE, "action": "warn"})
     app["name"], app["route_prefix"] = "gated", "/gated"
     base = local_config(model_files)
     local_app.client.deploy_apps(_schema({**base, "applications": [*base["applications"], app]}))
@@ -172,8 +179,8 @@ def test_speed_gate_warn_serves_and_flags_the_slow_variant(local_app: ServeDeplo
         int8 = driver_handle("Classifier_int8", "gated").describe.remote().result(timeout_s=30)
         fp32 = driver_handle("Classifier_fp32", "gated").describe.remote().result(timeout_s=30)
         gate = int8["speed_gate"]
-        assert gate["passed"] is False and gate["action"] == "warn" and gate["min_speedup"] == 50
-        assert 0 < gate["speedup"] < 50 and gate["baseline_img_per_s"] > 0
+        assert gate["passed"] is False and gate["action"] == "warn" and gate["min_speedup"] == UNREACHABLE
+        assert gate["speedup"] > 0 and gate["baseline_img_per_s"] > 0  # both sides were measured
         assert int8["engine"] == "cpu" and "speed_gate" not in fp32
         assert driver_handle("Classifier_int8", "gated").ready.remote().result(timeout_s=30) is True  # still serves
     finally:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
+
 from app.serve.metrics import HeldGauges
 from tests.conftest import wait_until
 
@@ -58,4 +60,4 @@ def test_default_period_is_a_third_of_rays_report_interval(monkeypatch: Any) -> 
     monkeypatch.setenv("RAY_metrics_report_interval_ms", "6000")
     assert HeldGauges().period_s == 2.0
     monkeypatch.setenv("RAY_metrics_report_interval_ms", "100")  # Ray floors the interval at 1 s
-    assert abs(HeldGauges().period_s - 1 / 3) < 1e-9
+    assert HeldGauges().period_s == pytest.approx(1 / 3, abs=1e-9)

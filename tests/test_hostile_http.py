@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import socket
+import threading
 import time
 from typing import Any
 
@@ -29,16 +30,18 @@ def send(url: str, case: HostileCase) -> httpx.Response:
     return httpx.post(url + "/v1/classify", content=case.body, headers=headers, timeout=30)
 
 
+# What a refusal from the header alone says (app/imaging/preprocess.py's check_header and the PNG chunk walk), where
+# a refusal after decoding would say "decoded image exceeds" or "could not be decoded".
+FROM_THE_HEADER = ("image is ", "png chunk lengths run past the end")
+
+
 def test_the_corpus_gets_its_expected_answers_and_the_service_stays_healthy(local_app: ServeDeployer) -> None:
     cases = hostile_cases()
     assert len(cases) >= 30
     before = replica_ids(local_app.url)
     wrong: list[str] = []
-    slowest = 0.0
     for case in cases:
-        t0 = time.perf_counter()
         r = send(local_app.url, case)
-        slowest = max(slowest, time.perf_counter() - t0)
         got_code = r.json()["error"]["code"] if r.status_code != 200 else ""
         if (r.status_code, got_code) != (case.expected_status, case.expected_code):
             wrong.append(
@@ -47,8 +50,10 @@ def test_the_corpus_gets_its_expected_answers_and_the_service_stays_healthy(loca
         assert r.headers["content-type"].startswith("application/json"), case.name
         if r.status_code != 200:
             assert r.json()["error"]["message"], case.name
+        bomb = case.layer == "preprocess" and (case.expected_code == "too_many_pixels" or "claims" in case.name)
+        if bomb and not r.json().get("error", {}).get("message", "").startswith(FROM_THE_HEADER):
+            wrong.append(f"{case.name}: not refused from its header: {r.text[:200]}")  # it was decoded
     assert not wrong, "\n".join(wrong)
-    assert slowest < 10, slowest  # bombs are refused from their headers, not decoded
     ok = httpx.post(
         local_app.url + "/v1/classify",
         content=sample_bytes("rocket"),
@@ -86,11 +91,11 @@ def test_batch_endpoint_limits(local_app: ServeDeployer) -> None:
 
 
 def test_inference_deadline_returns_503_with_retry_after(local_app: ServeDeployer, model_files: ModelFiles) -> None:
-    # A deadline shorter than one inference: every request must come back 503 inference_timeout, quickly.
+    # A deadline shorter than one inference: every request must come back 503 inference_timeout, the Router's own
+    # answer at its deadline (never the proxy's request timeout, nor a 200 that outlived it).
     local_app.deploy(local_config(model_files, inference_timeout_s=0.002))
     try:
         for _ in range(3):
-            t0 = time.perf_counter()
             r = httpx.post(
                 local_app.url + "/v1/classify",
                 content=sample_bytes("coffee"),
@@ -99,7 +104,6 @@ def test_inference_deadline_returns_503_with_retry_after(local_app: ServeDeploye
             )
             assert r.status_code == 503 and r.json()["error"]["code"] == "inference_timeout", r.text
             assert r.headers["retry-after"] == "1"
-            assert time.perf_counter() - t0 < 2
     finally:
         local_app.deploy(local_config(model_files))
     assert (
@@ -140,15 +144,13 @@ def _cancelled_total(url: str) -> int:
     return int(httpx.get(url + "/v1/models", timeout=10).json()["cancelled_requests"])
 
 
-def _burst(url: str, n: int) -> list[tuple[httpx.Response, float]]:
-    """n requests at once; each reply with its latency (s)."""
+def _burst(url: str, n: int) -> list[httpx.Response]:
+    """n requests at once; each reply."""
 
-    async def one(client: httpx.AsyncClient) -> tuple[httpx.Response, float]:
-        t0 = time.perf_counter()
-        r = await client.post("/v1/classify", content=sample_bytes("coffee"), headers={"Content-Type": "image/png"})
-        return r, time.perf_counter() - t0
+    async def one(client: httpx.AsyncClient) -> httpx.Response:
+        return await client.post("/v1/classify", content=sample_bytes("coffee"), headers={"Content-Type": "image/png"})
 
-    async def burst() -> list[tuple[httpx.Response, float]]:
+    async def burst() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
         async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
             return await asyncio.gather(*(one(client) for _ in range(n)))
@@ -164,33 +166,43 @@ def test_overload_on_one_machine_waits_then_sheds_with_503_not_errors(
     local_app: ServeDeployer, model_files: ModelFiles
 ) -> None:
     """Bursts against max_in_flight 4: with the wait queue every request waits for a slot and succeeds;
-    without it the excess gets 503 at once; with a queue of 4 and refusals paced at 4/s, the refusals are spread
-    out in turn (a client resending at once is slowed to the pace) and every one is still a JSON 503."""
+    without it the excess gets 503 at once; with a queue of 4 and refusals paced at 1/s, refusals are held for their
+    turn (a client resending at once is slowed to the pace) and every one is still a JSON 503."""
     try:
         # 20 waiting within 8 s (the queue takes a request while its expected wait is within 80% of that): a
         # machine finishing 3.3 requests a second or more serves all 24. A CI runner at 4 in flight
         # refused the tail of 44 waiting within the default 5 s (its rate was under 11/s).
         local_app.deploy(local_config(model_files, max_in_flight=4, max_queue_wait_s=8))
         replies = _burst(local_app.url, 24)
-        assert [r.status_code for r, _ in replies] == [200] * 24, collections.Counter(r.status_code for r, _ in replies)
+        assert [r.status_code for r in replies] == [200] * 24, collections.Counter(r.status_code for r in replies)
 
         local_app.deploy(local_config(model_files, max_in_flight=4, max_queue_wait_s=0))
         replies = _burst(local_app.url, 48)
-        by: dict[Any, int] = collections.Counter(r.status_code for r, _ in replies)
+        by: dict[Any, int] = collections.Counter(r.status_code for r in replies)
         assert set(by) <= {200, 503} and by[200] >= 4 and by[503] >= 1, by
-        assert all(_overloaded(r) for r, _ in replies if r.status_code == 503)
+        assert all(_overloaded(r) for r in replies if r.status_code == 503)
 
-        local_app.deploy(local_config(model_files, max_in_flight=4, max_queued=4, max_refusals_per_s=4))
-        replies = _burst(local_app.url, 48)
-        refused = sorted(t for r, t in replies if r.status_code == 503)
-        assert all(_overloaded(r) for r, _ in replies if r.status_code != 200), collections.Counter(
-            r.status_code for r, _ in replies
+        local_app.deploy(local_config(model_files, max_in_flight=4, max_queued=4, max_refusals_per_s=1))
+
+        def admission() -> dict[str, Any]:
+            return dict(httpx.get(local_app.url + "/v1/models", timeout=10).json()["admission"])
+
+        paced: list[httpx.Response] = []
+        burst = threading.Thread(target=lambda: paced.extend(_burst(local_app.url, 48)))
+        burst.start()
+        try:
+            # Paced: 1 a second (pacing holds at most max_queued at once; the rest go at once), so while the burst
+            # lasts some refusals are held for their turn, where unpaced ones all go at once. Seen as it happens:
+            held = wait_until(lambda: admission()["refusals_pacing"] > 0 and admission(), 60, 0.05, "a paced refusal")
+        finally:
+            burst.join(90)
+        refused = [r for r in paced if r.status_code == 503]
+        assert all(_overloaded(r) for r in paced if r.status_code != 200), collections.Counter(
+            r.status_code for r in paced
         )
-        # Paced: 4 a second (pacing holds at most max_queued at once; the rest go at once), so some refusals
-        # wait their turn for a second or more, where unpaced ones all come back together at once.
-        assert len(refused) >= 10 and refused[-1] - refused[0] >= 0.5, refused
-        admission = httpx.get(local_app.url + "/v1/models", timeout=10).json()["admission"]
-        assert admission["refused"] >= len(refused) and admission["refusals_pacing"] == 0, admission
+        assert len(paced) == 48 and len(refused) >= 10, collections.Counter(r.status_code for r in paced)
+        after = admission()
+        assert after["refused"] >= len(refused) and after["refusals_pacing"] == 0, (held, after)
     finally:
         local_app.deploy(local_config(model_files))
 
@@ -282,23 +294,23 @@ def test_slow_bodies_wait_in_the_front_and_never_reach_a_router(local_app: Serve
     """The first line: bodies that stall inside the front's buffer are held by HAProxy and answered there, with
     the JSON 408 at args.front.body_timeout_s; the Router never sees them (no slow body, no admission slot)."""
     before = httpx.get(local_app.url + "/v1/models", timeout=10).json()["bodies"]
-    t0 = time.monotonic()
+    give_up_at = time.monotonic() + 30  # a polling deadline: the 408s come at the front's body_timeout_s (5 s)
     socks = [_slow_body(local_app.url, sent=1000) for _ in range(40)]
     try:
         normal = [_classify(local_app.url).status_code for _ in range(4)]
         assert normal == [200] * 4  # served meanwhile
         bodies = httpx.get(local_app.url + "/v1/models", timeout=10).json()["bodies"]
         assert bodies["slow_now"] == 0  # held in HAProxy, not in the Router
-        replies = [_reply(s, t0 + 30) for s in socks]
+        replies = [_reply(s, give_up_at) for s in socks]
     finally:
         for s in socks:
             s.close()
     for reply in replies:
+        # The front's own JSON 408, which it sends at its body_timeout_s: neither the Router's nor a proxy timeout's.
         assert reply.startswith("HTTP/1.1 408") and '"body_timeout"' in reply and "application/json" in reply.lower()
-        assert "did not arrive whole" in reply  # the front's own 408, not the Router's
+        assert "did not arrive whole" in reply
     after = httpx.get(local_app.url + "/v1/models", timeout=10).json()["bodies"]
     assert after["timed_out"] == before["timed_out"] and after["refused_slow"] == before["refused_slow"]
-    assert 4 < time.monotonic() - t0 < 20  # at the front's body_timeout_s (5 s), not the proxy's own timeouts
 
 
 def test_slow_bodies_get_408_and_take_no_admission_slot(local_app: ServeDeployer, model_files: ModelFiles) -> None:
@@ -312,7 +324,7 @@ def test_slow_bodies_get_408_and_take_no_admission_slot(local_app: ServeDeployer
     )
     socks: list[socket.socket] = []
     try:
-        t0 = time.monotonic()
+        give_up_at = time.monotonic() + timeout_s + 30  # a polling deadline for the 408s
         socks = [_slow_body(local_app.url, sent=FRONT_BUFFER + 4096) for _ in range(6)]
 
         async def normal_pairs() -> list[httpx.Response]:
@@ -328,17 +340,22 @@ def test_slow_bodies_get_408_and_take_no_admission_slot(local_app: ServeDeployer
                 return out
 
         normal = asyncio.run(normal_pairs())
-        answered_while_held = time.monotonic() - t0
         assert [r.status_code for r in normal] == [200] * 6, [r.text[:200] for r in normal]
-        replies = [_reply(s, t0 + timeout_s + 30) for s in socks]
+
+        def bodies() -> dict[str, int]:
+            return dict(httpx.get(local_app.url + "/v1/models", timeout=10).json()["bodies"])
+
+        # The normal requests were answered while the bodies hung: after them, 4 bodies are seen still held as slow at
+        # the Router (the count goes up to 4 as they turn slow, and back to 0 only at their 408s; 2 found no room).
+        wait_until(lambda: bodies()["slow_now"] == 4, 30, 0.1, "4 slow bodies still held after the normal requests")
+        replies = [_reply(s, give_up_at) for s in socks]
         for reply in replies:
             assert reply.startswith("HTTP/1.1 408"), reply[:300]
             assert '"body_timeout"' in reply and "application/json" in reply.lower()
         no_room = [r for r in replies if "slow bodies already" in r]
         assert len(no_room) == 2, replies
-        assert answered_while_held < timeout_s, "the normal requests were answered while the bodies hung"
-        bodies = httpx.get(local_app.url + "/v1/models", timeout=10).json()["bodies"]
-        assert bodies["slow_now"] == 0 and bodies["refused_slow"] >= 2 and bodies["timed_out"] >= 4, bodies
+        after = bodies()
+        assert after["slow_now"] == 0 and after["refused_slow"] >= 2 and after["timed_out"] >= 4, after
     finally:
         for s in socks:
             s.close()
@@ -356,10 +373,11 @@ def test_a_gzip_json_bomb_is_refused_quickly_and_others_are_served(local_app: Se
     headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
     bomb, inflated = gzip_json_bomb(10 * 1024 * 1024)
     assert len(bomb) < 16_000 and inflated > 10_000_000
-    t0 = time.monotonic()
+
+    # Refused from its inflation ratio (the message says so), while inflating, before any JSON is parsed; the answer
+    # itself is the event waited for (the client's timeout the deadline).
     r = httpx.post(url, content=bomb, headers=headers, timeout=30)
     assert r.status_code == 413 and isinstance(r.json()["error"], str) and "times its size" in r.json()["error"]
-    assert time.monotonic() - t0 < 10  # not stuck
     small, _ = gzip_json_bomb(1_000_000)
     r = httpx.post(url, content=small, headers=headers, timeout=30)
     assert r.status_code == 400 and "inputs must be a list" in r.json()["error"], r.text

@@ -291,14 +291,29 @@ def test_the_monitor_samples_rss_and_peak_rss_and_notices_a_process_gone() -> No
 
 def test_the_monitor_samples_on_a_grid_while_a_block_runs_and_once_after() -> None:
     mon = Monitor(time.perf_counter(), fixed={"me[1]": Proc(os.getpid(), 1, ("me",), None)})
+    events: list[str] = []  # the samples and the block's end, in the order they happened
+    take = mon.sample
+
+    def sample() -> None:
+        take()
+        events.append("sample")
+
+    mon.sample = sample  # type: ignore[method-assign]
 
     async def block() -> None:
-        async with mon.sampling(0.1):
-            await asyncio.sleep(0.45)
+        async with mon.sampling(0.01):
+
+            async def sampled_thrice() -> None:  # polled: the grid goes on sampling while the block runs
+                while events.count("sample") < 3:
+                    await asyncio.sleep(0.005)
+
+            await asyncio.wait_for(sampled_thrice(), 10)
+            events.append("block ended")
 
     asyncio.run(block())
+    assert events.index("block ended") >= 3 and events[-1] == "sample", events  # and once after the block
     times = [t for t, _ in mon.series["me[1]"]]
-    assert 4 <= len(times) <= 7 and times == sorted(times) and times[-1] >= 0.45, times  # ~0, 0.1, ..., 0.4, 0.45
+    assert len(times) == events.count("sample") and times == sorted(times), (times, events)
     nothing = Monitor(time.perf_counter())  # no raylet: nothing to watch
     nothing.sample()
     assert nothing.series == {}

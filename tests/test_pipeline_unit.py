@@ -365,11 +365,11 @@ def test_a_call_waiting_on_a_variant_that_lost_its_replicas_is_abandoned_at_once
             )
             await until(lambda: len(backend.calls) == 1)
             backend.routable_counts["fp32"] = 0  # Serve's handle dropped fp32's last replica
-            started = asyncio.get_running_loop().time()
+            # fp32 never answers and the request's deadline is 60 s away: an answer at all, within run()'s polling
+            # timeout (a sixth of that deadline), is the call abandoned once fp32 had no replica left.
             _, variant = await task
         assert variant == "int8"
-        assert asyncio.get_running_loop().time() - started < 2.0  # not the 60 s deadline
-        assert backend.calls[0].cancelled
+        assert backend.calls[0].cancelled and not backend.gates["fp32"].is_set()
 
     run(go())
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import struct
 import subprocess
 import sys
-import time
 import tracemalloc
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -98,6 +99,47 @@ def quadrant_means(img: np.ndarray) -> list[np.ndarray]:
 def assert_quadrants(img: np.ndarray, expected: tuple, tol: float = 8.0) -> None:
     for got, want in zip(quadrant_means(img), expected, strict=True):
         assert np.abs(got - np.array(want)).max() <= tol, (got, want)
+
+
+class CountedReads(bytes):
+    """Image bytes that count what is read of them: each index, slice or find (`reads`), and the bytes each returned or
+    scanned (`bytes_read`). A check made from the header reads a few hundred bytes at most, whatever the file holds:
+    the work bounded by counting it, not by a clock. (A regular expression reads the buffer unseen: see Scans.)"""
+
+    reads: int
+    bytes_read: int
+
+    def __new__(cls, data: bytes) -> CountedReads:
+        obj = super().__new__(cls, data)
+        obj.reads = obj.bytes_read = 0
+        return obj
+
+    def __getitem__(self, key: int | slice) -> Any:  # type: ignore[override]
+        out = super().__getitem__(key)
+        self.reads += 1
+        self.bytes_read += len(out) if isinstance(key, slice) else 1
+        return out
+
+    def find(self, sub: Any, *args: Any) -> int:  # type: ignore[override]
+        i = super().find(sub, *args)
+        start = args[0] if args else 0
+        self.reads += 1
+        self.bytes_read += (len(self) if i < 0 else i + len(sub)) - start
+        return i
+
+
+class Scans:
+    """A compiled pattern of app.imaging.probe, counting the bytes each search may scan (its window)."""
+
+    def __init__(self, pattern: re.Pattern[bytes]) -> None:
+        self.pattern, self.scanned = pattern, 0
+
+    def search(self, data: bytes, pos: int, endpos: int) -> re.Match[bytes] | None:
+        self.scanned += max(0, min(endpos, len(data)) - pos)
+        return self.pattern.search(data, pos, endpos)
+
+
+HEADER_BYTES = 512  # what a refusal from the header may read of an image, at most (the corpus's bombs: under 200)
 
 
 def refused(data: bytes, code: str, **kwargs: object) -> ImageInputError:
@@ -437,15 +479,22 @@ def test_probe_jpeg_skips_fill_bytes_and_garbage_like_libjpeg() -> None:
     assert check(preprocess(padded)).std() > 1  # libjpeg accepts it too (with a warning)
 
 
-def test_probe_jpeg_segment_walk_is_bounded() -> None:
-    many = b"\xff\xd8" + b"\xff\xfe\x00\x02" * 3_000_000 + jpeg_with_size(10, 10)[2:]  # 12 MB of empty COMs
-    start = time.perf_counter()
+def test_probe_jpeg_segment_walk_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    scans = Scans(probe._NOT_FF)
+    monkeypatch.setattr(probe, "_NOT_FF", scans)
+    # 12 MB of empty COMs: the walk gives up after its segment budget (a find, a marker and a length each: 3 reads
+    # of 4 bytes or so), not after 3,000,000 segments (9,000,000 reads).
+    many = CountedReads(b"\xff\xd8" + b"\xff\xfe\x00\x02" * 3_000_000 + jpeg_with_size(10, 10)[2:])
     assert probe_dimensions(many) is None
-    assert time.perf_counter() - start < 0.1
-    fill = b"\xff\xd8" + b"\xff" * 10_000_000
-    start = time.perf_counter()
+    assert many.reads <= 4 * probe._JPEG_MAX_SEGMENTS and many.bytes_read <= 8 * probe._JPEG_MAX_SEGMENTS, (
+        many.reads,
+        many.bytes_read,
+    )
+    # 10 MB of fill bytes: one search, its window the fill-byte budget, not the file.
+    scans.scanned = 0
+    fill = CountedReads(b"\xff\xd8" + b"\xff" * 10_000_000)
     assert probe_dimensions(fill) is None
-    assert time.perf_counter() - start < 0.1
+    assert scans.scanned <= probe._JPEG_MAX_FILL and fill.bytes_read <= 64, (scans.scanned, fill.bytes_read)
 
 
 # --------------------------------------------------------------------------- bombs and limits
@@ -473,9 +522,9 @@ BOMBS = {
 def test_bombs_refused_from_the_header(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cv2, "imdecode", _no_decoding)
     monkeypatch.setattr(cv2, "imdecodeWithMetadata", _no_decoding)
-    start = time.perf_counter()
-    refused(BOMBS[name], "too_many_pixels")
-    assert time.perf_counter() - start < 0.01
+    bomb = CountedReads(BOMBS[name])
+    refused(bomb, "too_many_pixels")  # no decoder ran (it would raise), and only the header was read
+    assert bomb.bytes_read <= HEADER_BYTES, (bomb.reads, bomb.bytes_read)
 
 
 @pytest.mark.parametrize(("chunk", "length"), [(1, 0xF000_0000), (1, 0x7FFF_FFFF), (2, 0x8000_0000), (1, 10**6)])
@@ -498,10 +547,9 @@ def test_png_chunk_walk() -> None:
     assert probe.png_chunks_fit(png + b"trailing bytes after IEND")
     assert not probe.png_chunks_fit(png[: png.rfind(b"IEND") - 4])  # no IEND: OpenCV refuses those too
     refused(png[: png.rfind(b"IEND") - 4], "undecodable_image")
-    many = png[:33] + png_chunk(b"tEXt", b"") * 70_000 + png[33:]
-    start = time.perf_counter()
-    assert not probe.png_chunks_fit(many)  # bounded walk
-    assert time.perf_counter() - start < 0.5
+    many = CountedReads(png[:33] + png_chunk(b"tEXt", b"") * 70_000 + png[33:])
+    assert not probe.png_chunks_fit(many)  # bounded walk: it gives up before IEND, 70,000 chunks on
+    assert many.reads <= 2 * probe._PNG_MAX_CHUNKS + 2, many.reads  # a length and a type per chunk, no more
 
 
 def test_pixel_limit_boundary() -> None:

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ import pytest
 from app.imaging.preprocess import preprocess
 from app.ops.runtime_cli import main as plan_main
 from app.runtime import measure as measure_module
-from app.runtime.measure import SpeedGate, Throughput, judge, measure_alternating
+from app.runtime.measure import MAX_SPEEDUP, SpeedGate, Throughput, judge, measure_alternating
 from app.runtime.openvino_engine import OpenVinoEngine
 from app.runtime.ort_engine import PROVIDER_LIBRARIES, missing_libraries, usable_providers
 from app.runtime.plan import (
@@ -299,13 +300,30 @@ def test_speed_gate_against_a_baseline_that_reads_zero_img_per_s_stays_a_finite_
 
 
 def test_speed_gate_on_real_engines_judges_the_measured_ratio(model_files) -> None:  # type: ignore[no-untyped-def]
-    """INT8 vs FP32 on the CPU EP, measured here: within 10x of each other, so 0.1x passes and 50x fails."""
-    mine = open_engine("int8", str(model_files.int8), RuntimeOptions(prefer_gpu=False, engine="cpu")).engine
+    """INT8 vs FP32 on the CPU EP, both run here in alternating rounds: the verdict is the measured ratio against
+    min_speedup. The two gates are ones any measurement passes (0x) and none does (past MAX_SPEEDUP, where a measured
+    ratio is capped), so the verdicts hold on any machine; how fast INT8 is, is the benchmarks' to say."""
+    opened = open_engine("int8", str(model_files.int8), RuntimeOptions(prefer_gpu=False, engine="cpu")).engine
+    batches: list[int] = []
+
+    class Counted:  # the variant's engine, counting its calls
+        def dummy_batch(self, n: int) -> np.ndarray:
+            return opened.dummy_batch(n)
+
+        def logits(self, x: np.ndarray) -> np.ndarray:
+            batches.append(len(x))
+            return opened.logits(x)
+
+    counted: Any = Counted()
     base_opts = RuntimeOptions(prefer_gpu=False, engine="cpu")
-    for min_speedup, passed in ((0.1, True), (50.0, False)):
+    for min_speedup, passed in ((0.0, True), (2 * MAX_SPEEDUP, False)):
+        batches.clear()
         gate = SpeedGate("fp32", min_speedup, "warn")
-        result = run_speed_gate("int8", mine, gate, str(model_files.fp32), base_opts, batch=4, parallel=1)
-        assert result.passed is passed and result.baseline_img_per_s > 0
+        result = run_speed_gate("int8", counted, gate, str(model_files.fp32), base_opts, batch=4, parallel=1)
+        assert result.passed is passed and result.batch == 4
+        assert result.speedup > 0 and result.baseline_img_per_s > 0  # both sides measured
+        # The variant's own engine ran the rounds: one untimed, then at least three timed, all of the batch size.
+        assert len(batches) >= 4 and set(batches) == {4}, batches
 
 
 def test_measure_module_imports_no_engine() -> None:
