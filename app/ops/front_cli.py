@@ -66,6 +66,8 @@ def main(argv: list[str]) -> int:
             return print_env(argv[1:])
         case ["status"] if len(argv) == 2:
             return print_status(argv[1].rstrip("/"))
-    print("usage: python -m app.front env CONFIG.yaml [APPLICATION] | status URL  (HAProxy runs as `app-haproxy`)",
-          file=sys.stderr)
-    return 2
+    print(
+        "usage: python -m app.front env CONFIG.yaml [APPLICATION] | status URL  (HAProxy runs as `app-haproxy`)",
+        file=sys.stderr,
+    )
+    return 1  # as it always has
