@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from app.model import BUILTIN_MODEL
 from app.model.check import check_files
 from app.model.declaration import ModelDeclaration, PreprocessDeclaration
 from app.model.graph import graph_io_of
+from app.model.model_io import check_transform, transform_for, transform_of
 from tests.conftest import REPO, load_config
 from tests.test_prologue import CLASSES, H, W, classifier
 
@@ -141,6 +143,25 @@ def test_variants_of_one_model_must_take_the_same_input(tmp_path: Path) -> None:
     )
     # a file not here is checked by its Classifier
     assert check_files(missing.model, missing.model_files()) == [tmp_path / "a.onnx"]
+
+
+def test_the_deploy_reads_the_transform_from_the_first_file_here_and_a_node_with_another_file_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    """build_app hands the Router the transform of the model's files as the deploying node has them (none there:
+    None, the Router asks a Classifier); a Classifier whose own file wants another one fails its start saying so."""
+    onnx.save(classifier(), tmp_path / "a.onnx")
+    model = ModelDeclaration.model_validate({"name": "m", "preprocess": {"resize_shorter": 8, "crop": "center"}})
+    files = [("variants.x.model_path", tmp_path / "absent.onnx"), ("variants.a.model_path", tmp_path / "a.onnx")]
+    read = transform_of(model, files)
+    assert read == transform_for(model, graph_io_of(onnx.load(str(tmp_path / "a.onnx"))))
+    assert transform_of(model, files[:1]) is None
+    check_transform(read.to_dict(), read, "Classifier_a")  # the same file on both nodes
+    check_transform(None, read, "Classifier_a")  # nothing read at deploy: nothing to compare
+    other = dataclasses.replace(read, height=H + 1)  # what another node's file of another input size would give
+    refused = rf"Classifier_a: this node's model file wants {H + 1}x{W}x3 .* deploy read {H}x{W}x3 .* files differ"
+    with pytest.raises(ValueError, match=refused):
+        check_transform(read.to_dict(), other, "Classifier_a")
 
 
 # --------------------------------------------------------------------------- python -m app.config

@@ -55,7 +55,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
 def test_the_import_contracts_hold() -> None:
     done = lint_imports(APP.parent)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "8 kept, 0 broken" in done.stdout
+    assert "9 kept, 0 broken" in done.stdout
 
 
 @pytest.mark.parametrize(
@@ -74,6 +74,8 @@ def test_the_import_contracts_hold() -> None:
         ("pipeline/capture.py", "from app.toolchain import calibration", "app.pipeline.capture -> app.toolchain"),
         ("http/replies.py", "from app.serve import metrics", "app.http.replies -> app.serve.metrics"),
         ("runtime/select.py", "import app.ops.prebuild", "app.runtime.select -> app.ops.prebuild"),
+        # The Router loads no engine (ONNX Runtime would come with app.runtime's __init__).
+        ("http/v2_operations.py", "from app.runtime import measure", "app.http.v2_operations -> app.runtime"),
         # Cycles the layers cannot see (siblings of one layer, modules of one package): acyclic_siblings.
         ("pipeline/admission.py", "import app.rollout.evidence", ".rollout -> .pipeline"),
         ("http/v1.py", "import app.http.assembly", ".v1 -> .assembly"),

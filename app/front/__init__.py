@@ -27,11 +27,8 @@ import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from app.config import AppArgs, FrontArgs, Limits
 from app.front.haproxy_config import (
     MARK,
     V1_BODY,
@@ -41,6 +38,9 @@ from app.front.haproxy_config import (
     admit,
     http_backends,
 )
+
+if TYPE_CHECKING:
+    from app.config import FrontArgs, Limits
 
 __all__ = [
     "MARK",
@@ -76,6 +76,12 @@ VARIABLES = {
 def from_env(env: dict[str, str] | os._Environ[str]) -> Front:
     """The front's limits from APP_FRONT_* (absent: the default), checked as AppArgs.front checks them; a bad value
     is an error naming its variable."""
+    # Imported here, not at the top: `app-haproxy` imports this package on every HAProxy start and reload, and
+    # anything the config loads (pydantic, the model's contract) must fail inside `rewrite`'s fail-open try.
+    from pydantic import ValidationError
+
+    from app.config import FrontArgs
+
     given = {name: env[key] for name, key in VARIABLES.items() if env.get(key)}
     body = given.pop("max_body_bytes", None)
     try:
@@ -186,6 +192,8 @@ def config_env(config: dict[str, Any], application: str | None = None) -> dict[s
 
     One front serves every application of a Serve instance (one HAProxy per node): the first application's
     limits are the instance's."""
+    from app.config import AppArgs  # as in from_env
+
     apps = config.get("applications") or []
     app = next((a for a in apps if a.get("name") == application), None) if application else (apps or [None])[0]
     if app is None:

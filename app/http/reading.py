@@ -1,9 +1,9 @@
 """Reading a request's images and parameters: media types, multipart `file` parts, `top_k`, the header pre-check.
 
-A v1 request enters here twice, once each side of its body: `v1_head` (what the head says, checked before the body
-is read) and `v1_images` (the admitted body's images, each header-checked); V2 once, for the header check. Pure: no
-Ray, no Starlette. The benchmark peers use these too, so every server in a comparison answers the same request the
-same way.
+A v1 request enters here before its body (`v1_head`: what the head says) and after it, to take the images out
+(`v1_images`) and, once a variant is chosen, to check each image's header (`check_images`); V2 for the header check.
+Pure: no Ray, no Starlette. The benchmark peers use these too, so every server in a comparison answers the same
+request the same way.
 """
 
 from __future__ import annotations
@@ -125,22 +125,8 @@ def v1_head(
     return V1Head(request_id(serve_request_id, headers), k, content_type, batch)
 
 
-@dataclass(frozen=True)
-class V1Images:
-    """The images of a v1 body: all of them, the refusals of the header check by position, and the pixel counts and
-    positions of those that passed."""
-
-    images: list[bytes]
-    refused: dict[int, ServiceError]
-    pixels: list[int]
-    sent: list[int]  # the positions of those that passed
-
-
-def v1_images(body: bytes, head: V1Head, limits: Limits, size: int | None) -> V1Images:
-    """The admitted body's images (a batch's `file` parts, or the one image), each header-checked (`check_images`)."""
+def v1_images(body: bytes, head: V1Head, limits: Limits) -> list[bytes]:
+    """The admitted body's images: a batch's `file` parts, or the one image."""
     if head.batch:
-        images = multipart_images(body, head.content_type or "", limits.max_batch_files)
-    else:
-        images = [single_image(body, head.content_type)]
-    refused, pixels = check_images(images, limits, size)
-    return V1Images(images, refused, pixels, [i for i in range(len(images)) if i not in refused])
+        return multipart_images(body, head.content_type or "", limits.max_batch_files)
+    return [single_image(body, head.content_type)]

@@ -1,13 +1,14 @@
-"""The Router's routes, all in one table: every HTTP path (v1, rollout, docs, health and the Open Inference
-Protocol's REST paths) with its method, the handler that answers it, whether it needs the admin token and its
-/openapi.json entry; and the gRPC methods with theirs.
+"""The Router's routes: every HTTP path (v1, rollout, docs, health and the Open Inference Protocol's REST paths) in one
+table, with its method, the handler that answers it, whether it needs the admin token and its /openapi.json entry;
+and, beside it, the gRPC methods' handlers (Serve calls a method of the Router named after each RPC:
+app/serve/deployments.py).
 
-`ROUTES` is the one declaration. Everything else is derived from it: the Ingress's dispatch (`Routes.http`, exact
-paths and templates alike), the V2 path matching (`Routes.v2`, read by app/protocol/v2's `match_v2_path`) and the
-OpenAPI document's `paths` (app/http/openapi.py, from each entry's `doc`). A path is literal or a template in the
-grammar of app/protocol/paths.py (`v2.MODEL_PATH`: a model's name and optional version). Adding an endpoint is one
-handler (a method of one of the Router's parts: V1, V2, RolloutAPI, Docs) and one entry here; `route_table` binds each
-entry's handler to the part that defines it (app/http/assembly.py, once per replica).
+`ROUTES` is the one declaration of the HTTP paths. Everything else is derived from it: the Ingress's dispatch
+(`Routes.http`, exact paths and templates alike), the V2 path matching (`Routes.v2`, read by app/protocol/v2's
+`match_v2_path`) and the OpenAPI document's `paths` (app/http/openapi.py, from each entry's `doc`). A path is literal
+or a template in the grammar of app/protocol/paths.py (`v2.MODEL_PATH`: a model's name and optional version). Adding
+an endpoint is one handler (a method of one of the Router's parts: V1, V2, RolloutAPI, Docs) and one entry here;
+`route_table` binds each entry's handler to the part that defines it (app/http/assembly.py, once per replica).
 """
 
 from __future__ import annotations

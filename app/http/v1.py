@@ -80,11 +80,12 @@ class V1:
         raw = await self.bodies.receive(request)  # admission counts the request only once its body is here
         received = time.perf_counter()  # the request's deadline runs from here, a wait for admission included
         async with pipeline.admitted(len(raw), self.policy.user(request.headers)):
+            images = reading.v1_images(raw, head, limits)
             choice = self.policy.choose(request.headers)
             # The header pre-check on every image; a refused one fails only its own entry.
-            read = reading.v1_images(raw, head, limits, pipeline.known_target(choice.variant))
-            images, refused, sent = read.images, read.refused, read.sent
-            self.metrics.observe_pixels(read.pixels)
+            refused, pixels = reading.check_images(images, limits, pipeline.known_target(choice.variant))
+            self.metrics.observe_pixels(pixels)
+            sent = [i for i in range(len(images)) if i not in refused]
             if not batch and refused:
                 raise refused[0]
             outcome = Outcome(choice.variant, choice.reason, False, {}, {})

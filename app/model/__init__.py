@@ -9,9 +9,10 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from app.imaging.transform import Transform
+if TYPE_CHECKING:
+    from app.imaging.transform import Transform
 
 MODEL_NAME = "efficientnet_lite0"
 
@@ -74,6 +75,8 @@ def default_files(root: Path | None = None) -> ModelFiles:
 def builtin_transform(size: int = 224) -> Transform:
     """The Preprocessor's half of the built-in declaration at its input size: what the app serves the built-in
     model, for tools and peers that prepare its images themselves."""
+    from app.imaging.transform import Transform  # OpenCV: not loaded for the config's sake (app-haproxy, parse pool)
+
     p = BUILTIN_MODEL["preprocess"]
     return Transform(size, size, 3, p["resize_shorter"], p["interpolation"], p["color"])
 

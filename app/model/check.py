@@ -1,5 +1,6 @@
-"""The model's declaration against the graphs of the files that serve it: `check_files`, at deploy (`build_app`), in
-`python -m app.config` and in each Classifier's start."""
+"""The model's declaration against the graphs of the files that serve it, and the files against each other:
+`check_files`, at deploy (`build_app`) and in `python -m app.config`. (A Classifier checks the declaration against its
+own file as it loads it: app/model/model_io.py.)"""
 
 from __future__ import annotations
 
@@ -28,12 +29,17 @@ def check_files(model: ModelDeclaration, files: Sequence[tuple[str, Path]]) -> l
         if first is not None and _io(graph) != _io(first[1]):
             raise ValueError(
                 f"{where}: its graph takes {graph.describe_input()} with {graph.classes} classes, "
-                f"{first[0]}'s {first[1].describe_input()} with {first[1].classes}: the variants of one "
+                f"{_variant(first[0])}'s {first[1].describe_input()} with {first[1].classes}: the variants of one "
                 "model share its declaration, so they must take the same input and give the same classes"
             )
         first = first or (field_name, graph)
         checked.append(path)
     return checked
+
+
+def _variant(field_name: str) -> str:
+    """`variants.fp32` of `variants.fp32.model_path` (or of its fallback's field)."""
+    return ".".join(field_name.split(".")[:2])
 
 
 def _io(graph: GraphIO) -> tuple[object, ...]:

@@ -13,7 +13,8 @@ LABELS_FILE = "imagenet1k_label_to_names.json"
 
 
 class MissingPackageError(RuntimeError):
-    """A package that ships a file the build needs is not installed (nothing is downloaded at run time)."""
+    """A package that ships a file the app needs (ImageNet's labels, the built-in model's weights) is not installed:
+    nothing is downloaded at run time."""
 
 
 def package_file(package: str, name: str, pip_name: str) -> Path:

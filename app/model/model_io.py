@@ -34,6 +34,22 @@ def transform_of(model: ModelDeclaration, files: Sequence[tuple[str, Path]]) -> 
     return None
 
 
+def check_transform(expected: dict[str, Any] | None, actual: Transform, where: str) -> None:
+    """ValueError when the transform the deploy read from its copy of the model's files (`expected`, the Router's,
+    None: none was read) is not `actual`, the one this node's file gives: the nodes hold different files under one
+    path, and every request would be decoded to a shape the model refuses."""
+    read = Transform.from_dict(expected) if expected is not None else None
+    if read is not None and read != actual:
+        raise ValueError(
+            f"{where}: this node's model file wants {_said(actual)}, but the deploy read {_said(read)} from its own "
+            "copy: the nodes' model files differ"
+        )
+
+
+def _said(t: Transform) -> str:
+    return f"{t.height}x{t.width}x{t.channels} {t.color} (shorter side {t.resize_shorter}, {t.interpolation})"
+
+
 @dataclass(frozen=True)
 class ModelIO:
     served: ServedModel

@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from app.model import atomic_write
 from app.model.declaration import PreprocessDeclaration
 from app.model.graph import GraphIO, graph_io_of
 
@@ -227,8 +228,6 @@ def served_model(path: str | Path, prep: PreprocessDeclaration, cache: Path | No
 
 def _write(model: onnx.ModelProto, out: Path) -> None:
     """Atomically: a temporary name in the same directory, then a rename (weights beside it past 2 GB)."""
-    from app.model import atomic_write
-
     out.parent.mkdir(parents=True, exist_ok=True)
     if model.ByteSize() < _PROTOBUF_LIMIT:
         atomic_write(out, model.SerializeToString())

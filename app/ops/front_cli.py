@@ -7,7 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import yaml
 
 from app.front import config_env
@@ -33,6 +32,8 @@ def print_status(url: str, wait_s: float = 600) -> int:
     """`python -m app.front status URL`: once the app at URL is ready, one line: is the front in place, and how.
 
     `make serve` runs it beside `serve run`, so a front that failed open is said at start, not found later."""
+    import httpx  # a test and benchmark extra: `env`, what a Pod's start runs, must not need it
+
     deadline = time.monotonic() + wait_s
     while True:
         try:

@@ -2,7 +2,7 @@
 
 Each GPU variant of a Serve config, and each speed gate's baseline as a gated replica opens it, is opened
 here exactly as a replica on this node would open it: the same served model file, the same RuntimeOptions
-(`AppArgs.runtime_options`), the same TensorRT provider options and cache directory (`tensorrt_for`: the
+(`app.runtime.variants.runtime_options`), the same TensorRT provider options and cache directory (`tensorrt_for`: the
 model's sha256, ONNX Runtime's and TensorRT's versions, the GPU's name, `engine_build_key`), under the same
 build lock (`select.build`). ONNX Runtime's TensorRT EP builds an engine when the session is made (the
 profile is explicit) and writes it to that directory, so a replica that starts later loads it instead of

@@ -1,15 +1,20 @@
 """Engines behind one small interface: the only serving package that imports onnxruntime or openvino.
 
-plan.py             which engine and providers a replica would use (pure; `python -m app.runtime plan`)
+plan.py             which engine and providers a replica would use (pure; `python -m app.runtime plan`, app/ops/)
+variants.py         the app config's variants as engine options, their fallbacks and speed gates
 ort_engine.py       ONNX Runtime: TensorRT, CUDA and CPU execution providers, node placement
 graphs.py           CUDA graphs per batch-size bucket on device-resident buffers, a session and thread per slot
 capture_gate.py     the process-wide gate that keeps every GPU call out of a CUDA graph capture
 fallback.py         a variant's declared fallback build, when its own needs TensorRT and TensorRT is not here
 openvino_engine.py  OpenVINO's CPU runtime
 select.py           plan -> built engine(s) -> checked -> the fastest kept
-prebuild.py         TensorRT engines built ahead of a rollout (`python -m app.runtime build-engines`)
-measure.py          throughput at warm-up and the speed gate
-spec.py, outputs.py the model's I/O contract; softmax and top-k
+measure.py          throughput at warm-up and the speed gate's verdict
+startup.py          a replica's start: the engine opened, warmed up, measured, gated, reported
+profiling.py        ONNX Runtime's profile of a run, summarised
+spec.py             the model's I/O as an engine sees it
+transform_graph.py  the model's declared transform as an ONNX graph (for images decoded on the GPU)
+(softmax and top-k: app/model/outputs.py, re-exported here; TensorRT engines built ahead of a rollout:
+app/ops/prebuild.py, `python -m app.runtime build-engines`)
 """
 
 from __future__ import annotations

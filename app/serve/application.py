@@ -28,12 +28,7 @@ class ConfigError(ValueError):
 def ensure_models(args: AppArgs) -> None:
     """Build the built-in models if they are missing and allowed to; else insist every file exists (a variant's declared
     fallback's too: the node that needs it is the one where the variant's own build cannot run)."""
-    declared = {f"{name}.model_path": args.resolved_path(v.model_path) for name, v in args.variants.items()}
-    declared |= {
-        f"{name}.fallback.model_path": args.resolved_path(v.fallback.model_path)
-        for name, v in args.variants.items()
-        if v.fallback is not None
-    }
+    declared = dict(args.model_files())
     missing = {field: p for field, p in declared.items() if not p.is_file()}
     buildable = {field: p for field, p in missing.items() if args.build_default_models and args.is_default_model(p)}
     for root in {p.parent for p in buildable.values()}:
@@ -43,7 +38,7 @@ def ensure_models(args: AppArgs) -> None:
     still = {field: p for field, p in missing.items() if not p.is_file()}
     if still and args.check_model_files:
         field, path = next(iter(sorted(still.items())))
-        raise ConfigError(f"variants.{field}: model file not found: {path}")
+        raise ConfigError(f"{field}: model file not found: {path}")
     try:
         # the declaration against every graph here (a Classifier checks its own at start too)
         check_files(args.model, args.model_files())
@@ -83,13 +78,14 @@ def build_app(args: AppArgs) -> Application:
     """Router -> Preprocessor -> Classifier_<variant> for every variant in `args` (no Preprocessor when the Router
     decodes)."""
     ensure_models(args)
-    # How the model wants its images, known here from its files: the Router hands it down with every decode, and
-    # asks a Classifier only where no model file is on this node (check_model_files: false).
+    # How the model wants its images, known here from its files: the Router hands it down with every decode (each
+    # Classifier checks its own file gives the same), and asks a Classifier only where no model file is on this node.
     transform = transform_of(args.model, args.model_files())
+    declared = transform.to_dict() if transform is not None else None
     classifiers = {
         name: Classifier.options(  # type: ignore[attr-defined]
             name=classifier_deployment_name(name)
-        ).bind(name, args.model_dump())
+        ).bind(name, args.model_dump(), declared)
         for name in args.variants
     }
     preprocessor = (
@@ -105,5 +101,5 @@ def build_app(args: AppArgs) -> Application:
         ledger,
         args.model_dump(),
         controller,
-        transform.to_dict() if transform is not None else None,
+        declared,
     )

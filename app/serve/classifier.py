@@ -17,7 +17,7 @@ from ray import serve
 
 from app.config import AppArgs, ClassifierConfig
 from app.imaging.payloads import Pixels, Scores
-from app.model.model_io import ModelIO, model_io
+from app.model.model_io import ModelIO, check_transform, model_io
 from app.model.prologue import served_model
 from app.runtime import Build, ModelLoadError, Opened, open_engine, threads_for, top_k
 from app.runtime.startup import StartupReport, run_speed_gate, start_report
@@ -64,13 +64,17 @@ class Classifier(ClassifierReport):
     how many batches run in parallel is a live user_config setting, and OpenVINO compiles for it.
     """
 
-    def __init__(self, variant: str, args: dict[str, Any]) -> None:
+    def __init__(self, variant: str, args: dict[str, Any], transform: dict[str, Any] | None = None) -> None:
+        """transform: the model's, as the deploy read it from its copy of the files and handed to the Router (None:
+        not read there); this node's file must give the same, or every decode would be refused."""
         self.variant = variant
         self.args = AppArgs.model_validate(args)
         path = self.args.resolved_path(self.args.variants[variant].model_path)
         # The graph as declared (args.model): checked against the declaration, its normalisation folded in. Raised
         # here, a contradiction fails the replica naming the field (`serve status` shows it).
-        self.io: ModelIO = model_io(self.args.model, path, f"Classifier_{variant}: variants.{variant}.model_path")
+        where = f"Classifier_{variant}: variants.{variant}.model_path"
+        self.io: ModelIO = model_io(self.args.model, path, where)
+        check_transform(transform, self.io.transform, where)
         self.model_path = str(self.io.served.path)
         self.requested_io = self.io  # self.io becomes the fallback's when the variant's declared fallback serves
         self._fallback_io: ModelIO | None = None

@@ -1,7 +1,7 @@
 """NVIDIA Triton Inference Server as a benchmark peer, through PyTriton (nvidia-pytriton 0.7.0, which ships the real
 `tritonserver` binary and its Python backend). Only the serving path differs from the app: the same FP32 model file
-(app.models.default_files().fp32), the same decode (app.imaging.preprocess.preprocess with the built-in model's declared
-transform, app.models.builtin_transform: OpenCV, shorter side to 256, centre 224, bicubic, uint8 RGB NHWC), the
+(app.model.default_files().fp32), the same decode (app.imaging.preprocess.preprocess with the built-in model's declared
+transform, app.model.builtin_transform: OpenCV, shorter side to 256, centre 224, bicubic, uint8 RGB NHWC), the
 same engine (app.runtime.onnxruntime_engine: ONNX Runtime's CPU EP, one intra-op thread per instance) and the same
 softmax (app.model.outputs).
 
