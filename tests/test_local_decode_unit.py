@@ -16,7 +16,7 @@ import pytest
 import app.serve.preprocessor as preprocessor_module
 from app.config import AppArgs, Limits, validate_serve_config
 from app.errors import ServiceError
-from app.imaging.payloads import Pixels
+from app.imaging.payloads import Encoded, Pixels
 from app.serve.handles import ServeBackend
 from app.serve.preprocessor import Decoder
 from tests.conftest import BlockingDecode, load_config
@@ -129,11 +129,34 @@ def test_cancelling_the_call_after_the_decode_cancels_the_classifier_request_at_
     asyncio.run(asyncio.wait_for(main(), 30))
 
 
-def test_a_backend_has_exactly_one_way_to_decode() -> None:
-    with pytest.raises(ValueError, match="exactly one"):
-        ServeBackend(None, {}, ledger=None)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="exactly one"):
+def test_a_backend_has_one_way_to_decode() -> None:
+    with pytest.raises(ValueError, match="not both"):
         ServeBackend(object(), {}, ledger=None, decoder=Decoder(Limits()))  # type: ignore[arg-type]
+
+
+def test_without_a_decoder_the_encoded_images_go_to_the_classifier() -> None:
+    """decode_in: gpu: no Preprocessor, no decoder here; the Classifier gets the bytes and the deadline, and a shadow's
+    `rows` (which pick among the images the Classifier decodes)."""
+    sent: list[tuple[Any, ...]] = []
+
+    class Handle:
+        def remote(self, *args: Any) -> Any:
+            sent.append(args)
+            done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+            done.set_result("scores")
+            return done
+
+    async def main() -> None:
+        b = ServeBackend(None, {"fp32": Handle()}, ledger=None)  # type: ignore[arg-type, dict-item]
+        encoded = b.preprocess([jpeg(), b"png"], 32, 1234.5)
+        assert await b.classify("fp32", encoded, 5, False, None) == "scores"
+        assert await b.classify("fp32", encoded, 3, False, [1]) == "scores"
+
+    asyncio.run(main())
+    (first, top, full), (again, top2, full2, rows) = sent
+    assert isinstance(first, Encoded) and first is again
+    assert first.images == [jpeg(), b"png"] and first.wall_deadline == 1234.5
+    assert (top, full, top2, full2, rows) == (5, False, 3, False, [1])
 
 
 def test_local_yaml_decodes_in_the_router_and_prod_in_a_preprocessor() -> None:

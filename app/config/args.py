@@ -164,13 +164,15 @@ class AppArgs(_Strict):
     )
     limits: Limits = Field(default_factory=Limits)
     front: FrontArgs = Field(default_factory=FrontArgs)
-    decode_in: Literal["preprocessor", "router"] = Field(
+    decode_in: Literal["preprocessor", "router", "gpu"] = Field(
         "preprocessor",
         description="where images are decoded. preprocessor: a deployment of its own (decode scales apart from the "
         "ingress; a crash in a decoder costs one retried call, not a Router and every request it holds). router: in "
         "each Router replica, under the same DecodeBudget (no Preprocessor deployment): one handle call per request "
         "fewer: measured here at c=1, p50 a third lower (46.9 -> 29.8 ms) and 36.6 against 49.4 CPU-ms per image, "
-        "at c=32 within the noise (docs/performance.md)",
+        "at c=32 within the noise (docs/performance.md). gpu: in each Classifier's batch, JPEGs by the GPU's hardware "
+        "decoders (nvImageCodec), the declared transform on the GPU, other images by the CPU path in the same batch "
+        "(no Preprocessor deployment; every Classifier needs a GPU: docs/engines.md \"JPEG on the GPU\")",
     )
     cascades: dict[str, CascadeArgs] = Field(
         default_factory=dict,

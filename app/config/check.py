@@ -33,6 +33,8 @@ def validate_serve_config(cfg: dict, app_index: int = 0) -> AppArgs:
             "deployments[Preprocessor]: args.decode_in is router, so the application has no Preprocessor deployment "
             "(the Router decodes; give it the CPUs instead)"
         )
+    if args.decode_in == "gpu":
+        _check_gpu_decode(args, deployments)
     router = field(router_deployment_name(), RouterConfig)
     assert isinstance(router, RouterConfig)
     router_ongoing = deployments.get(router_deployment_name(), {}).get("max_ongoing_requests")
@@ -65,3 +67,21 @@ def validate_serve_config(cfg: dict, app_index: int = 0) -> AppArgs:
             raise ValueError(f"deployments[{name}]: {'; '.join(problems)}")
     return args
 
+
+
+def _check_gpu_decode(args: AppArgs, deployments: dict[str, dict]) -> None:
+    """decode_in: gpu: no Preprocessor deployment, and a GPU for every Classifier (its batch decodes the JPEGs)."""
+    if "Preprocessor" in deployments:
+        raise ValueError(
+            "deployments[Preprocessor]: args.decode_in is gpu, so the application has no Preprocessor deployment "
+            "(each Classifier decodes its batch; give the CPUs to the Classifiers for the images the GPU declines)"
+        )
+    for variant in args.variants:
+        name = classifier_deployment_name(variant)
+        gpus = (deployments.get(name, {}).get("ray_actor_options") or {}).get("num_gpus") or 0
+        if float(gpus) <= 0:
+            raise ValueError(
+                f"deployments[{name}].ray_actor_options.num_gpus: args.decode_in is gpu, so every Classifier decodes "
+                "JPEGs on a GPU and needs one (num_gpus > 0); on a node without a usable GPU use decode_in: "
+                "preprocessor or router"
+            )

@@ -171,10 +171,10 @@ class BatchDecode(Generic[ImageT]):
         self, images: Sequence[bytes], indices: Iterable[int]
     ) -> list[tuple[int, Decoded[ImageT] | Future[Decoded[ImageT]]]]:
         if self.executor is None:
-            return [(i, self._cpu(images[i])) for i in indices]
-        return [(i, self.executor.submit(self._cpu, images[i])) for i in indices]
+            return [(i, self.cpu(images[i])) for i in indices]
+        return [(i, self.executor.submit(self.cpu, images[i])) for i in indices]
 
-    def _cpu(self, data: bytes) -> Decoded[ImageT]:
+    def cpu(self, data: bytes) -> Decoded[ImageT]:
         """The CPU path: `preprocess`, its pixels or its ServiceError (any other exception is a bug: it propagates)."""
         try:
             pixels = preprocess(data, self.transform, self.max_pixels, self.reduced, self.max_decode_bytes)

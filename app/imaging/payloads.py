@@ -33,3 +33,14 @@ class Scores:
     errors: dict[int, ServiceError]
     positions: list[int]
     logits: np.ndarray | None = None  # [N, classes] when the caller asked for full outputs (V2 protocol)
+
+
+@dataclass
+class Encoded:
+    """What the Router hands a Classifier with `decode_in: gpu`: the encoded images of a request (or of a group the
+    Router coalesced), header-checked at the Router, decoded in the Classifier's batch (app/runtime/gpu_pixels.py).
+
+    `wall_deadline`: when the caller stops waiting, as `time.time()`; an image not decoded by then is not started."""
+
+    images: list[bytes]
+    wall_deadline: float | None = None

@@ -9,7 +9,8 @@ and no Ray is started, so a GPU cluster's config can be checked on a laptop:
         --available TensorrtExecutionProvider,CUDAExecutionProvider,CPUExecutionProvider
 
 Exit status 1, with the reason, when a variant cannot run as configured there (an INT8 variant that
-would land on the CUDA EP without TensorRT, require_gpu on a node without a usable GPU provider).
+would land on the CUDA EP without TensorRT, require_gpu on a node without a usable GPU provider, decode_in: gpu
+without a GPU, the CUDA EP or nvImageCodec).
 
 `build-engines` builds (or loads, when cached) the TensorRT engines of every GPU variant, and of each speed
 gate's baseline, into the engine cache exactly as the replicas would (app/ops/prebuild.py), so a Job or
@@ -29,6 +30,7 @@ import yaml
 
 from app.config import AppArgs, validate_serve_config
 from app.ops.prebuild import BuildRefused, check_tensorrt_here, engine_builds, replica_threads_streams, run_build
+from app.runtime.cuda_transform import nvimgcodec_installed, plan_decode
 from app.runtime.fallback import Serving, tensorrt_absence
 from app.runtime.openvino_engine import openvino_available
 from app.runtime.ort_engine import ort_version, tensorrt_version, usable_providers
@@ -45,6 +47,7 @@ def plan_config(
     needs TensorRT where it is not usable plans its declared fallback instead, and says so (`fallback`, `serving`).
     `listed`: `available` was given by hand, not read off this machine."""
     args: AppArgs = validate_serve_config(cfg)
+    decode = plan_decode(args.decode_in, gpu, available, None if listed else nvimgcodec_installed())
     out: dict[str, Any] = {}
     for variant, v in args.variants.items():
         threads, streams = replica_threads_streams(cfg, args, variant)
@@ -65,12 +68,10 @@ def plan_config(
             out[variant] = {**planned, "fallback": serving.describe(), "serving": serving.line(variant)}
             continue
         out[variant]["serving"] = f"Classifier_{variant}: {v.precision} on {out[variant]['engine']}"
-    return {"variants": out}
+    return {"variants": out, "decode": decode}
 
 
-def _plan_build(
-    variant: str, path: str, opts: RuntimeOptions, available: list[str], openvino: bool
-) -> dict[str, Any]:
+def _plan_build(variant: str, path: str, opts: RuntimeOptions, available: list[str], openvino: bool) -> dict[str, Any]:
     """One build's plan, as `python -m app.runtime plan` prints it."""
     trt = None
     if opts.prefer_gpu and TENSORRT in available:

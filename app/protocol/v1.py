@@ -385,6 +385,17 @@ class Profiling(_Body):
     refused: str | None = Field(None, description="present when this replica cannot profile")
 
 
+class GpuDecodeInfo(_Body):
+    """decode_in: gpu: this Classifier replica's decoder and where its images were decoded, counted since start."""
+
+    where: Literal["gpu"]
+    decoder: str = Field(description="nvimgcodec (the GPU's JPEG decoders), or the host stand-in of the tests")
+    images: dict[str, int] = Field(
+        description="hardware, hybrid (the GPU's decoders), cpu (the CPU path), failed (refused or undecodable), "
+        "fallback and transform_fallback (meant for the GPU, decoded by the CPU path), device_errors (whole GPU calls)"
+    )
+
+
 class _VariantBase(_Body):
     deployment: str = Field(description="the Serve deployment, Classifier_<variant>")
     weight: float
@@ -419,6 +430,7 @@ class VariantInfo(_VariantBase):
     num_cpus: float
     batching: Batching
     warmed_up_to: int
+    gpu_decode: GpuDecodeInfo | None = Field(None, description="decode_in: gpu only: where this replica decoded")
     profiling: Profiling | None
     input: InputSpec
     replica_id: str
@@ -449,9 +461,10 @@ class AdmissionInfo(_Body):
 
 
 class DecodeInfo(_Body):
-    """Where images are decoded (AppArgs.decode_in); when in this Router, its decoder's state."""
+    """Where images are decoded (AppArgs.decode_in); when in this Router, its decoder's state. gpu: each
+    variant's `gpu_decode` says where its images were decoded."""
 
-    where: Literal["preprocessor", "router"]
+    where: Literal["preprocessor", "router", "gpu"]
     decode_slots: int | None = None
     decode_memory_bytes: int | None = None
     decode_bytes_in_flight: int | None = None

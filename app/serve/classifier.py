@@ -8,7 +8,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,32 +15,20 @@ import ray
 from ray import serve
 
 from app.config import AppArgs, ClassifierConfig
-from app.imaging.payloads import Pixels, Scores
+from app.errors import ServiceError
+from app.imaging.payloads import Encoded, Pixels, Scores
 from app.model.model_io import ModelIO, check_transform, model_io
 from app.model.prologue import served_model
 from app.runtime import Build, ModelLoadError, Opened, open_engine, threads_for, top_k
 from app.runtime.startup import StartupReport, run_speed_gate, start_report
 from app.runtime.variants import fallback_options, runtime_options, speed_gate_for
+from app.serve.classifier_decode import Done, GpuDecoding, Item
 from app.serve.classifier_report import ClassifierReport
 from app.serve.metrics import ClassifierMetrics
 from app.serve.profiling_twin import ProfilingTwin
 from app.serve.serve_internals import max_ongoing_requests, replica_id
 
 logger = logging.getLogger("ray.serve")
-
-
-@dataclass
-class _Item:
-    pixels: np.ndarray
-    arrived: float
-
-
-@dataclass
-class _Done:
-    logits: np.ndarray
-    queue_ms: float
-    inference_ms: float
-    batch_size: int
 
 
 def _flush_log() -> None:
@@ -52,12 +39,21 @@ def _flush_log() -> None:
         handler.flush()
 
 
+def _rows(item: Item, decoded: Pixels | ServiceError | None, shape: tuple[int, ...]) -> np.ndarray:
+    """The item's rows of the engine's batch: its pixels, or what its images decoded to (none if they did not)."""
+    if item.pixels is not None:
+        return item.pixels
+    if isinstance(decoded, Pixels):
+        return decoded.array
+    return np.zeros((0, *shape), np.uint8)
+
+
 def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 3)
 
 
 @serve.deployment(name="Classifier", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=32)
-class Classifier(ClassifierReport):
+class Classifier(GpuDecoding, ClassifierReport):
     """One model variant behind dynamic batching; the engine is chosen, checked and measured at start.
 
     The engine is opened by the first `reconfigure` (Serve runs it before the replica takes traffic):
@@ -87,11 +83,12 @@ class Classifier(ClassifierReport):
         self.opened: Opened | None = None
         self.report: StartupReport | None = None
         self.cfg: ClassifierConfig | None = None
-        self._batch: Callable[[_Item], Awaitable[_Done]] | None = None
+        self._batch: Callable[[Item], Awaitable[Done]] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._warmed_to = 0
         self._profile: ProfilingTwin | None = None
         self.metrics = ClassifierMetrics(self.args.model.name)
+        self._check_gpu_decode()
 
     # -- configuration (live) ------------------------------------------------------
 
@@ -101,6 +98,7 @@ class Classifier(ClassifierReport):
         if opening:
             self._open(cfg)
         self._set_batching(cfg)
+        self._open_gpu_decode(cfg)
         if cfg.warmup and self._warmed_to < cfg.max_batch_size:
             self._warm_up(cfg.max_batch_size)
         if opening:  # a reopened engine may be another one (auto chooses again): its own figures, not the last's
@@ -210,7 +208,7 @@ class Classifier(ClassifierReport):
                 max_batch_size=cfg.max_batch_size,
                 batch_wait_timeout_s=cfg.batch_wait_timeout_s,
                 max_concurrent_batches=cfg.max_concurrent_batches,
-                batch_size_fn=lambda items: sum(len(it.pixels) for it in items),
+                batch_size_fn=lambda items: sum(len(it) for it in items),
             )(self._run_batch)
         else:
             self._batch.set_max_batch_size(cfg.max_batch_size)  # type: ignore[attr-defined]
@@ -243,48 +241,54 @@ class Classifier(ClassifierReport):
 
     # -- requests ---------------------------------------------------------------------
 
-    async def __call__(self, pixels: Pixels, top: int, full: bool = False, rows: list[int] | None = None) -> Scores:
+    async def __call__(
+        self, pixels: Pixels | Encoded, top: int, full: bool = False, rows: list[int] | None = None
+    ) -> Scores:
         """Top-k per image; with `full`, the whole logits rows too (for the V2 protocol's outputs).
 
-        `rows` picks some images of `pixels` (a shadow run compares only the sampled ones).
+        `pixels`: decoded, or (decode_in: gpu) encoded images this replica's batch decodes. `rows` picks some of the
+        decoded images (a shadow run compares only the sampled ones).
         """
         assert self._batch is not None and self.cfg is not None, "reconfigure runs before any request"
-        arrived = time.perf_counter()
-        array = self.io.checked(pixels.array)
-        if rows is not None:
-            array = array[rows]
-        step = self.cfg.max_batch_size
-        chunks = [array[i : i + step] for i in range(0, len(array), step)] if len(array) else []
-        done = await asyncio.gather(*(self._batch(_Item(c, arrived)) for c in chunks))
-        logits = done[0].logits if len(done) == 1 else np.concatenate([d.logits for d in done]) if done else None
+        items = self._items(pixels, rows, time.perf_counter(), self.cfg.max_batch_size)
+        done = await asyncio.gather(*(self._batch(it) for it in items))
+        logits, errors, positions, preprocess_ms = self._answer(pixels, done, rows)
         best = [top_k(row, top) for row in self.io.probabilities(logits)] if logits is not None else []
         return Scores(
             top=best,
-            preprocess_ms=pixels.preprocess_ms,
+            preprocess_ms=preprocess_ms,
             queue_ms=max((d.queue_ms for d in done), default=0.0),
             inference_ms=sum(d.inference_ms for d in done),
             batch_size=max((d.batch_size for d in done), default=0),
             variant=self.variant,
             provider=self.engine.active_provider,
-            errors=pixels.errors,
-            positions=pixels.positions,
+            errors=errors,
+            positions=positions,
             logits=logits if full else None,
         )
 
-    async def _run_batch(self, items: list[_Item]) -> list[_Done]:
+    async def _run_batch(self, items: list[Item]) -> list[Done]:
+        arrived = time.perf_counter()
+        decoded = await self._decode_batch(items, self._executor)  # decode_in: gpu: the whole batch in one call
         started = time.perf_counter()
-        x = items[0].pixels if len(items) == 1 else np.concatenate([it.pixels for it in items])
-        loop = asyncio.get_running_loop()
+        arrays = [_rows(it, d, self.io.transform.shape) for it, d in zip(items, decoded, strict=True)]
+        x = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
         # Engines release the GIL; running them off the event loop keeps requests flowing into the queue. With CUDA
         # graphs the engine's own slot threads run the batch: its graphs live on them (app/runtime/graphs.py).
         executor = getattr(self.engine, "executor", None) or self._executor
-        logits = await loop.run_in_executor(executor, self._infer, x)
+        loop = asyncio.get_running_loop()
+        logits = await loop.run_in_executor(executor, self._infer, x) if len(x) else np.zeros((0, len(self.io.labels)))
         inference_ms = _ms(time.perf_counter() - started)
-        self.metrics.record_batch(self.variant, len(x), inference_ms)
+        if len(x):
+            self.metrics.record_batch(self.variant, len(x), inference_ms)
         out, row = [], 0
-        for it in items:
-            n = len(it.pixels)
-            out.append(_Done(logits[row : row + n], _ms(started - it.arrived), inference_ms, len(x)))
+        for it, array, d in zip(items, arrays, decoded, strict=True):
+            queue_ms = _ms(arrived - it.arrived)
+            n = len(array)
+            if isinstance(d, ServiceError):
+                out.append(Done(logits[:0], queue_ms, 0.0, len(x), error=d))
+            else:
+                out.append(Done(logits[row : row + n], queue_ms, inference_ms, len(x), d))
             row += n
         return out
 

@@ -69,11 +69,16 @@ class ClassifierReport:
                 "max_concurrent_batches": cfg.max_concurrent_batches,
             },
             "warmed_up_to": self._warmed_to,
+            "gpu_decode": self.describe_decode(),
             "profiling": self._profile.state() if self._profile is not None else None,
             "input": self.io.describe(self.args.model),
             "replica_id": self.replica_id,
             "node_id": ray.get_runtime_context().get_node_id(),
         }
+
+    def describe_decode(self) -> dict[str, Any] | None:
+        """decode_in: gpu: where this replica's images were decoded (app/serve/classifier_decode.py); else None."""
+        return None
 
     def labels(self) -> list[str]:
         """One label per class (the declaration's file, ImageNet-1k's for 1000 classes, else class_<i>)."""

@@ -132,7 +132,7 @@ class Router:
         """transform: the model's (app.imaging.transform.Transform.to_dict()), as the deploy read it from the model's
         files; None where they were not on its node: the first request asks a Classifier."""
         parsed = AppArgs.model_validate(args)
-        decoder = Decoder(parsed.limits) if preprocessor is None else None  # AppArgs.decode_in: router
+        decoder = Decoder(parsed.limits) if parsed.decode_in == "router" else None  # gpu: the Classifiers decode
         backend = ServeBackend(preprocessor, classifiers, ledger, controller, decoder)
         state = decoder.describe if decoder is not None else None
         metrics = RouterMetrics(parsed.model.name)

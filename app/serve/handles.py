@@ -11,7 +11,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, 
 from ray.serve.handle import DeploymentHandle
 
 from app.errors import ServiceError, find_service_error
-from app.imaging.payloads import Pixels
+from app.imaging.payloads import Encoded, Pixels
 from app.imaging.transform import Transform
 from app.pipeline.ports import Call, ReplicaLost
 from app.serve import serve_internals
@@ -35,9 +35,10 @@ class ServeBackend:
         controller: DeploymentHandle | None = None,
         decoder: Decoder | None = None,
     ) -> None:
-        """`decoder`: decode here, in this process (AppArgs.decode_in router), instead of calling `preprocessor`."""
-        if (preprocessor is None) == (decoder is None):
-            raise ValueError("exactly one of a Preprocessor handle and a local decoder")
+        """`decoder`: decode here, in this process (AppArgs.decode_in router), instead of calling `preprocessor`;
+        neither: the Classifiers decode (AppArgs.decode_in gpu), the images go to them encoded."""
+        if preprocessor is not None and decoder is not None:
+            raise ValueError("a Preprocessor handle or a local decoder, not both")
         self.preprocessor = preprocessor
         self.classifiers = classifiers
         self.ledger = ledger
@@ -47,7 +48,10 @@ class ServeBackend:
     def preprocess(self, images: list[bytes], transform: Transform, wall_deadline: float) -> Call:
         if self.decoder is not None:  # a Task: awaitable and cancellable, like a DeploymentResponse
             return asyncio.ensure_future(self.decoder.many(images, transform, wall_deadline))
-        assert self.preprocessor is not None
+        if self.preprocessor is None:  # decode_in: gpu: nothing to do here, the Classifier's batch decodes them
+            done: asyncio.Future[Encoded] = asyncio.get_running_loop().create_future()
+            done.set_result(Encoded(images, wall_deadline))
+            return done
         return self.preprocessor.many.remote(images, transform, wall_deadline)
 
     def classify(self, variant: str, pixels: Call | Pixels, top_k: int, full: bool, rows: list[int] | None) -> Call:
@@ -62,15 +66,24 @@ class ServeBackend:
 
     @staticmethod
     async def _classify_decoded(
-        handle: DeploymentHandle, pixels: asyncio.Future[Pixels], top_k: int, full: bool, rows: list[int] | None
+        handle: DeploymentHandle,
+        pixels: asyncio.Future[Pixels | Encoded],
+        top_k: int,
+        full: bool,
+        rows: list[int] | None,
     ) -> Any:
         # Cancelling this call (a deadline, a failover abort, the client gone) cancels a decode still running too;
         # a finished one is unaffected, so a shadow run can reuse its pixels.
         decoded = await pixels
-        if rows is not None:  # a shadow run: only its sampled rows travel (the answer is the same, row by row)
-            picked = decoded.array[rows]
-            decoded = Pixels(picked, decoded.preprocess_ms, {}, [decoded.positions[r] for r in rows])
-        response = handle.remote(decoded, top_k, full)
+        if isinstance(decoded, Encoded):  # the Classifier decodes them all; `rows` picks among the decoded ones
+            response = (
+                handle.remote(decoded, top_k, full) if rows is None else handle.remote(decoded, top_k, full, rows)
+            )
+        else:
+            if rows is not None:  # a shadow run: only its sampled rows travel (the answer is the same, row by row)
+                picked = decoded.array[rows]
+                decoded = Pixels(picked, decoded.preprocess_ms, {}, [decoded.positions[r] for r in rows])
+            response = handle.remote(decoded, top_k, full)
         try:
             return await response
         except asyncio.CancelledError:  # as a DeploymentResponse passed to the pipeline would be: cancelled at Serve

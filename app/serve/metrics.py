@@ -235,7 +235,19 @@ class ClassifierMetrics:
             "This variant's img/s divided by the baseline's, measured on this node at warm-up",
             tag_keys=("variant", "baseline", "model"),
         )
+        self.decoded = Counter(
+            "app_decoded_images_total",
+            "decode_in: gpu: images of this Classifier's batches by where they were decoded (hardware, hybrid: the "
+            "GPU's decoders; cpu: the CPU path; failed: refused or undecodable; fallback, transform_fallback: meant "
+            "for the GPU, decoded by the CPU path; device_errors: whole GPU decode calls that failed)",
+            tag_keys=("variant", "where", "model"),
+        )
         name_model(self, model)
+
+    def record_decode(self, variant: str, counts: dict[str, int]) -> None:
+        for where, n in counts.items():
+            if n > 0:
+                self.decoded.inc(n, tags={"variant": variant, "where": where})
 
     def record_start(self, variant: str, report: StartupReport) -> None:
         """The replica's start-up measurement and, if gated, the speed gate's verdict."""
