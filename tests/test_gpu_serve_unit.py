@@ -117,9 +117,9 @@ def test_the_default_shape_comes_from_the_cores(prod: dict[str, Any]) -> None:
     assert default_counts(16, prod) == (8, 7)
     assert default_counts(8, prod) == (2, 2)
     assert default_counts(2, prod) == (1, 1), "never below one of each"
-    routers, pre = default_counts(64, prod)
+    routers, pre = default_counts(256, prod)
     assert routers == 8, "prod.yaml's max_replicas caps the Routers"
-    assert pre == 32, "and the Preprocessors"
+    assert pre == 136, "and the Preprocessors"
     shape, why = shape_of(parse([]), prod, 16)
     assert (shape.routers, shape.preprocessors, shape.dry_run) == (8, 7, False)
     assert "16 cores" in why and "8 Routers and 7 Preprocessors" in why
