@@ -244,6 +244,16 @@ def test_the_default_node_has_the_gpu_image_packages() -> None:
     reqs = wheels.project_requirements(contents.REPO / "pyproject.toml")
     names = {Requirement(r).name for r in reqs}
     assert names.isdisjoint(wheels.LEFT_OUT) and {"ray", "onnxruntime-gpu", "protobuf", "grpcio"} <= names
+    assert "nvidia-nvimgcodec-cu13" in names  # the `gpu` extra: decode_in: gpu's decoder
+    assert "nvidia-nvimgcodec-cu13" not in {Requirement(r).name for r in wheels.project_requirements(
+        contents.REPO / "pyproject.toml", extras=())}  # fmt: skip
+
+
+def test_nvimgcodecs_own_nvidia_init_is_removed_so_the_nodes_nvidia_packages_stay_visible(tmp_path: Path) -> None:
+    (tmp_path / "nvidia" / "nvimgcodec").mkdir(parents=True)
+    (tmp_path / "nvidia" / "__init__.py").write_text("")
+    assert wheels.unshadow_nvidia(tmp_path) and not (tmp_path / "nvidia" / "__init__.py").exists()
+    assert (tmp_path / "nvidia" / "nvimgcodec").is_dir() and not wheels.unshadow_nvidia(tmp_path)
 
 
 def test_the_build_stops_in_one_line_when_a_model_is_missing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -354,8 +364,13 @@ def _lib(folder: Path, *names: str) -> None:
         (folder / name).write_bytes(ELF)
 
 
-def test_the_cuda_library_folders_are_found_under_the_pythons_nvidia_packages(tmp_path: Path) -> None:
+def test_the_cuda_library_folders_are_found_under_the_pythons_nvidia_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     torch_site, other = tmp_path / "torch-venv" / "site-packages", tmp_path / "user-site"
+    system = tmp_path / "cuda-13.0" / "lib"  # the system CUDA's, searched last: libnvjpeg was there on the H200 node
+    _lib(system, "libnvjpeg.so.13", "libcudart.so.13")
+    monkeypatch.setattr(node, "SYSTEM_CUDA", str(tmp_path / "cuda*" / "lib"))
     _lib(torch_site / "nvidia" / "cu13" / "lib", "libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13",
          "libcurand.so.10", "libcufft.so.12", "libnvJitLink.so.13")  # fmt: skip
     _lib(torch_site / "nvidia" / "cudnn" / "lib", "libcudnn.so.9")
@@ -363,10 +378,11 @@ def test_the_cuda_library_folders_are_found_under_the_pythons_nvidia_packages(tm
     _lib(other / "nvidia" / "cu13" / "lib", "libcudart.so.13")  # a second copy: the first site's wins
     (torch_site / "nvidia" / "cu13" / "include").mkdir()
     dirs, missing = node.library_dirs([torch_site, other])
-    assert dirs == [torch_site / "nvidia" / "cu13" / "lib", torch_site / "nvidia" / "cudnn" / "lib"] and not missing
+    assert dirs == [torch_site / "nvidia" / "cu13" / "lib", torch_site / "nvidia" / "cudnn" / "lib", system]
+    assert not missing
     dirs, missing = node.library_dirs([other, tmp_path / "nothing-here"])
-    assert dirs == [other / "nvidia" / "cu13" / "lib"]
-    assert missing == [lib for lib in node.CUDA_LIBRARIES if lib != "libcudart.so.13"]
+    assert dirs == [other / "nvidia" / "cu13" / "lib", system]
+    assert missing == [lib for lib in node.CUDA_LIBRARIES if lib not in ("libcudart.so.13", "libnvjpeg.so.13")]
 
 
 def test_libdirs_leaves_the_kits_site_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -54,6 +54,28 @@ def _deployments(cfg: dict[str, Any]) -> dict[str, dict[str, Any]]:
 # --------------------------------------------------------------------------- the served config
 
 
+def test_decode_in_gpu_drops_the_preprocessors_and_gives_the_classifiers_cpus(prod: dict[str, Any]) -> None:
+    cfg = _derive(prod, Shape(8, 0, decode_in="gpu"))
+    d = _deployments(cfg)
+    assert "Preprocessor" not in d and cfg["applications"][0]["args"]["decode_in"] == "gpu"
+    for name in ("Classifier_int8", "Classifier_fp32"):
+        assert d[name]["ray_actor_options"]["num_cpus"] == 2.0 and d[name]["ray_actor_options"]["num_gpus"] == 0.5
+        assert "runtime_env" not in d[name]["ray_actor_options"]  # a GPU node: nvImageCodec itself
+    assert d["Router"]["num_replicas"] == 8
+    validate_serve_config(cfg)  # what the config check asks of decode_in: gpu (num_gpus, no Preprocessor)
+    dry = _deployments(_derive(prod, Shape(1, 0, dry_run=True, decode_in="gpu")))
+    env = dry["Classifier_fp32"]["ray_actor_options"]["runtime_env"]["env_vars"]
+    assert env == {"APP_GPU_DECODER": "standin"}
+
+
+def test_decode_in_gpu_gives_the_preprocessors_cores_to_the_routers(prod: dict[str, Any]) -> None:
+    args = parse(["--decode-in", "gpu"])
+    shape, why = shape_of(args, prod, 16)
+    assert (shape.preprocessors, shape.decode_in) == (0, "gpu") and "no Preprocessor" in why
+    assert shape.routers == 8  # (16 - 2 x 2 - 3) / 0.5 = 18, capped at prod.yaml's max_replicas 8
+    assert shape_of(parse([]), prod, 16)[0].decode_in == "preprocessor"
+
+
 def test_every_file_is_re_pointed_at_the_models_dir_by_name_the_fallback_too(prod: dict[str, Any]) -> None:
     before = copy.deepcopy(prod)
     cfg = _derive(prod, Shape(8, 7))

@@ -72,6 +72,7 @@ def stage(o: Options, staging: Path, reqs: list[str], dists: list[wheels.Dist], 
     """Everything the archive holds, under `staging`; what went in."""
     t0 = time.monotonic()
     wheels.install(dists, staging / "site", o.python_version)
+    wheels.unshadow_nvidia(staging / "site")
     pruned = prune.prune(staging / "site")
     o.timings["unpack_s"] = time.monotonic() - t0
     project = contents.project_files(o.repo)

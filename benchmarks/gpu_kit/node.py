@@ -14,6 +14,7 @@ are rather than at paths written down here: the first GPU contact found them by 
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib.util
 import json
 import os
@@ -25,10 +26,13 @@ from pathlib import Path
 
 # What ONNX Runtime's CUDA provider and cuDNN load (app/runtime/ort_engine.py PROVIDER_LIBRARIES) and what those
 # load in turn (cuDNN 9's engines: cuFFT, nvJitLink), at the majors of the node's torch 2.11+cu130.
+# nvImageCodec's JPEG decoders (decode_in: gpu) load libnvjpeg: on the first GPU node it was the system CUDA's, in
+# /usr/local/cuda-13.0/targets/x86_64-linux/lib (../shared/gpu-2026-12-04/README.md), searched after the sites.
 CUDA_LIBRARIES = (
     "libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libcurand.so.10", "libcudnn.so.9", "libcufft.so.12",
-    "libnvJitLink.so.13",
+    "libnvJitLink.so.13", "libnvjpeg.so.13",
 )  # fmt: skip
+SYSTEM_CUDA = "/usr/local/cuda*/targets/x86_64-linux/lib"
 EXIT_UNMET = 3  # run.sh's exit status when a requirement is not met
 
 
@@ -42,10 +46,12 @@ def python_sites(exclude: Iterable[Path] = ()) -> list[Path]:
 
 
 def library_dirs(sites: Iterable[Path], libraries: Iterable[str] = CUDA_LIBRARIES) -> tuple[list[Path], list[str]]:
-    """The nvidia/**/lib folders of `sites` that hold `libraries` (the first found for each), and those not found."""
+    """The nvidia/**/lib folders of `sites`, then the system CUDA's (SYSTEM_CUDA), that hold `libraries` (the first
+    found for each), and those not found."""
     wanted, found = list(libraries), {}
-    for root in sites:
-        for lib_dir in sorted(p for p in (root / "nvidia").glob("**/lib") if p.is_dir()):
+    system = sorted(Path(p) for p in glob.glob(SYSTEM_CUDA))
+    for lib_dirs in [*(sorted(p for p in (root / "nvidia").glob("**/lib") if p.is_dir()) for root in sites), system]:
+        for lib_dir in lib_dirs:
             for lib in wanted:
                 if lib not in found and (lib_dir / lib).exists():
                     found[lib] = lib_dir

@@ -38,6 +38,9 @@ LEFT_OUT = {
     "scikit-image": "only calibration's and the benchmarks' sample photographs; the node has it anyway",
 }
 
+# The project's optional extras a GPU node needs: `gpu` (nvImageCodec, for decode_in: gpu).
+NODE_EXTRAS = ("gpu",)
+
 # The node's Python packages: /work/.library/device/KINDS.md, "Python packages already there" (the 'cuda' image of
 # the nvidia-h200 kind, read 2026-11-17), with the versions its pip-list row (2026-11) and the first GPU contact
 # (../shared/gpu-2026-12-04/README.md: Python 3.12.3, torch 2.11.0+cu130) give. A package of unknown version serves
@@ -106,12 +109,24 @@ def parse_node_has(items: Iterable[str]) -> dict[str, str | None]:
     return out
 
 
-def project_requirements(pyproject: Path) -> list[str]:
-    """The project's runtime dependencies less LEFT_OUT, as written in pyproject.toml."""
+def project_requirements(pyproject: Path, extras: Iterable[str] = NODE_EXTRAS) -> list[str]:
+    """The project's runtime dependencies and those of its `extras` (a GPU node's), less LEFT_OUT, as written in
+    pyproject.toml."""
     import tomllib  # Python 3.11+: the building machine's; the node never reads pyproject.toml
 
-    deps = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    project = tomllib.loads(pyproject.read_text())["project"]
+    deps = [*project["dependencies"], *(d for e in extras for d in project["optional-dependencies"][e])]
     return [d for d in deps if canonicalize_name(Requirement(d).name) not in LEFT_OUT]
+
+
+def unshadow_nvidia(site: Path) -> bool:
+    """Remove `site`/nvidia/__init__.py (nvImageCodec's wheel ships one): with it, `nvidia` is a regular package that
+    hides the node's own nvidia.* packages (its CUDA libraries) behind the kit's, learned on the first GPU node."""
+    init = site / "nvidia" / "__init__.py"
+    if not init.is_file():
+        return False
+    init.unlink()
+    return True
 
 
 @dataclass

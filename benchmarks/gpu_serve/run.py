@@ -10,7 +10,7 @@ deployment is healthy, captures GET /v1/models, runs the c=1 Server-Timing steps
 (steps.py), stops everything it started, and writes
 benchmarks/results/<stamp>-<host>-gpu-serve{,-dryrun}.{json,md,png} with the verdicts against the engine's own rate
 (verdict.py). Exit 0: the run completed (a missed target is a result); 1: the app could not be served or measured
-(the report says why; `serve status` with the replicas' errors is printed); 2: it cannot run here at all. """
+(the report says why; `serve status` with the replicas' errors is printed); 2: it cannot run here at all."""
 
 from __future__ import annotations
 
@@ -32,7 +32,16 @@ from benchmarks.environment import RESULTS_DIR, host_name, print_environment, st
 from benchmarks.gpu_serve import groups, report, steps, verdict
 from benchmarks.gpu_serve.gpu import gpu_count
 from benchmarks.gpu_serve.node import CPU_POOL, REPO, Node, NodeError, node_error, serve_port
-from benchmarks.gpu_serve.shape import PREPROCESSOR_SHARE, RESERVED_CORES, Shape, default_counts, derive, model_paths
+from benchmarks.gpu_serve.shape import (
+    GPU_DECODE_CLASSIFIER_CPUS,
+    PREPROCESSOR_SHARE,
+    RESERVED_CORES,
+    Shape,
+    default_counts,
+    derive,
+    gpu_decode_routers,
+    model_paths,
+)
 from benchmarks.gpu_serve.shape import given_cores as deployment_cores
 from benchmarks.load import Workload
 
@@ -48,6 +57,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     default_models = Path(os.environ.get("APP_MODEL_DIR") or REPO / "models")
     p.add_argument("--models", type=Path, default=default_models, help="model files ($APP_MODEL_DIR or ./models)")
     p.add_argument("--cpu-dry-run", action="store_true", help="device cpu, no GPU, 1 replica each, short steps")
+    p.add_argument(
+        "--decode-in",
+        choices=("preprocessor", "gpu"),
+        default="preprocessor",
+        help="where images are decoded: prod.yaml's Preprocessors, or the Classifiers' batches on the GPU (decode_in: "
+        "gpu; needs nvImageCodec on the node; a dry run uses the host stand-in)",
+    )
     p.add_argument("--routers", type=int, help="Router replicas (default: from the node's cores; dry run 1)")
     p.add_argument("--preprocessors", type=int, help="Preprocessor replicas (default: from the cores; dry run 1)")
     p.add_argument("--duration", type=float, help="measured seconds per throughput step (20; dry run 5)")
@@ -65,11 +81,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def shape_of(args: argparse.Namespace, prod: dict[str, Any], cores: int) -> tuple[Shape, str]:
     """The replica counts (flags, else from the cores) and the sentence that says where they came from."""
+    gpu_decode = args.decode_in == "gpu"
     if args.cpu_dry_run:
-        routers, pre = args.routers or 1, args.preprocessors or 1
+        routers, pre = args.routers or 1, 0 if gpu_decode else args.preprocessors or 1
         why = (
             "A CPU dry run: one replica of each, every one num_cpus 0.25, Classifier batches of at most 16 and the CPU "
             "INT8 build in place of the TensorRT one, so all of it starts and runs on this machine's cores."
+        )
+    elif gpu_decode:
+        d_routers = gpu_decode_routers(cores, prod)
+        routers, pre = args.routers or d_routers, 0
+        why = (
+            f"decode_in: gpu, default from {cores} cores: one Classifier per variant at {GPU_DECODE_CLASSIFIER_CPUS:g} "
+            f"CPUs (headers, the CPU path for what the GPU declines), {RESERVED_CORES:g} cores kept for wrk and "
+            f"HAProxy, the rest to the Routers at prod.yaml's num_cpus, capped at its max_replicas: {d_routers} "
+            "Routers, no Preprocessor" + ("" if args.routers is None else "; overridden by --routers") + "."
         )
     else:
         d_routers, d_pre = default_counts(cores, prod)
@@ -82,7 +108,7 @@ def shape_of(args: argparse.Namespace, prod: dict[str, Any], cores: int) -> tupl
             + ("" if (args.routers, args.preprocessors) == (None, None) else "; overridden by the flags")
             + "."
         )
-    return Shape(routers, pre, dry_run=args.cpu_dry_run), why
+    return Shape(routers, pre, dry_run=args.cpu_dry_run, decode_in=args.decode_in), why
 
 
 def plan_of(args: argparse.Namespace, shape: Shape) -> steps.Plan:
@@ -176,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"stamp": stamp(), "dry_run": args.cpu_dry_run, "environment": env}
     result |= {"config_source": str(args.config), "models_dir": str(args.models.resolve()), "served_config": served}
     result["shape"] = {"routers": shape.routers, "preprocessors": shape.preprocessors, "describe": shape.describe()}
+    result["shape"]["decode_in"] = shape.decode_in
     result["shape"] |= {"why": why, "cores": cores, "gpus": gpus, "cpu_pool": CPU_POOL}
     result["shape"]["given_cores"] = deployment_cores(served)
     why_c = steps.WHY_DRY_RUN if shape.dry_run else steps.WHY
@@ -217,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     result["verdicts"] = {"throughput": verdict.throughput_verdict(batch, result["engine"], c1)}
     result["verdicts"]["latency"] = verdict.latency_verdict(c1)
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
-    name = f"{result['stamp']}-{host_name()}-gpu-serve{'-dryrun' if args.cpu_dry_run else ''}"
+    suffix = ("-gpu-decode" if shape.decode_in == "gpu" else "") + ("-dryrun" if args.cpu_dry_run else "")
+    name = f"{result['stamp']}-{host_name()}-gpu-serve{suffix}"
     print(report.write(result, args.out, name))
     if failed:
         print(f"the run's files are kept for a look: {tmp}", file=sys.stderr)

@@ -34,17 +34,39 @@ DRY_RUN_MAX_BATCH = 16
 TRT_SUFFIX = "-trt.onnx"
 
 
+# decode_in: gpu: each Classifier decodes its batches' JPEGs on the GPU and the rest (PNG, progressive, CMYK) on its own
+# CPUs; the bench's images are baseline JPEGs, so its CPUs mostly check headers and gather the batch. Two each.
+GPU_DECODE_CLASSIFIER_CPUS = 2.0
+STANDIN = {
+    "APP_GPU_DECODER": "standin"
+}  # a dry run of decode_in: gpu: the host stand-in (app/imaging/standin_decoder.py)
+
+
 @dataclass(frozen=True)
 class Shape:
-    """How many replicas of each deployment, and what each asks of the node."""
+    """How many replicas of each deployment, and what each asks of the node. `decode_in`: where images are decoded,
+    prod.yaml's Preprocessors or (gpu) the Classifiers' batches: then there are no Preprocessors."""
 
     routers: int
     preprocessors: int
     dry_run: bool = False
+    decode_in: str = "preprocessor"
 
     def describe(self) -> str:
         where = "CPU dry run: every replica num_cpus 0.25, no GPU" if self.dry_run else "prod.yaml's placement"
+        if self.decode_in == "gpu":
+            return f"{self.routers} Router(s), 1 Classifier per variant decoding on the GPU (decode_in: gpu; {where})"
         return f"{self.routers} Router(s), {self.preprocessors} Preprocessor(s), 1 Classifier per variant ({where})"
+
+
+def gpu_decode_routers(cores: int, prod: dict[str, Any]) -> int:
+    """decode_in: gpu: Routers to fill the node beside the Classifiers (GPU_DECODE_CLASSIFIER_CPUS each) and
+    RESERVED_CORES, at prod.yaml's num_cpus, never past its max_replicas."""
+    deployments = {d["name"]: d for d in app_of(prod).get("deployments", [])}
+    classifiers = sum(GPU_DECODE_CLASSIFIER_CPUS for n in deployments if n.startswith(CLASSIFIER))
+    router_cpus = float(_actor(deployments.get(ROUTER, {})).get("num_cpus", 1.0))
+    routers = max(1, math.floor((cores - classifiers - RESERVED_CORES) / router_cpus + 1e-9))
+    return min(routers, _max_replicas(deployments.get(ROUTER, {})))
 
 
 def default_counts(cores: int, prod: dict[str, Any]) -> tuple[int, int]:
@@ -121,6 +143,8 @@ def derive(
     args["tensorrt"] = {**(args.get("tensorrt") or {}), "cache_dir": str(trt_cache)}
     if shape.dry_run:
         args.update(device="cpu", require_gpu=False)
+    if shape.decode_in == "gpu":
+        _decode_on_gpu(app, shape.dry_run)
     for d in app.get("deployments", []):
         d.pop("autoscaling_config", None)
         d.pop("min_replicas", None)
@@ -132,6 +156,20 @@ def derive(
             if d["name"].startswith(CLASSIFIER) and batching.get("max_batch_size", 0) > DRY_RUN_MAX_BATCH:
                 d["user_config"] = {**batching, "max_batch_size": DRY_RUN_MAX_BATCH}
     return cfg
+
+
+def _decode_on_gpu(app: dict[str, Any], dry_run: bool) -> None:
+    """decode_in: gpu: no Preprocessor; each Classifier GPU_DECODE_CLASSIFIER_CPUS (in a dry run, the stand-in for
+    nvImageCodec in its environment)."""
+    app["args"]["decode_in"] = "gpu"
+    app["deployments"] = [d for d in app.get("deployments", []) if d["name"] != PREPROCESSOR]
+    for d in app["deployments"]:
+        if d["name"].startswith(CLASSIFIER):
+            options = {**_actor(d), "num_cpus": GPU_DECODE_CLASSIFIER_CPUS}
+            if dry_run:
+                runtime_env = dict(options.get("runtime_env") or {})
+                options["runtime_env"] = {**runtime_env, "env_vars": {**runtime_env.get("env_vars", {}), **STANDIN}}
+            d["ray_actor_options"] = options
 
 
 def replicas_of(deployment: str, shape: Shape) -> int:
