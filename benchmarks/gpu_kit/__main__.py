@@ -43,6 +43,13 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--refresh", action="store_true", help="ask the package index again instead of the cached answer")
     b.add_argument("--xz-preset", type=pack.parse_preset, default=pack.XZ_PRESET, help="xz preset (default 9e)")
     b.add_argument("--wrk", type=Path, help="the wrk binary (default: wrk on PATH)")
+    b.add_argument(
+        "--extras",
+        type=lambda s: tuple(e for e in s.split(",") if e),
+        default=wheels.NODE_EXTRAS,
+        help=f"the project's optional extras the node needs, comma-separated (default {','.join(wheels.NODE_EXTRAS)}: "
+        "nvImageCodec for decode_in: gpu; '' for none)",
+    )
     return p
 
 
@@ -60,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             refresh=a.refresh,
             preset=a.xz_preset,
             wrk=a.wrk,
+            extras=a.extras,
         )
         m = build.build(o)
     except KitError as e:

@@ -24,6 +24,9 @@ GROUPS = ["kit.json", "project", "models", "bin", "libexec", "lib", "site"]  # t
 MAX_PART_MIB = 60  # a call to the node carries 64 MiB with the checkout; the issue allows parts up to 60
 
 
+NODE_EXTRAS = wheels.NODE_EXTRAS  # (in Options, `wheels` is a field's name)
+
+
 @dataclass
 class Options:
     out: Path
@@ -36,6 +39,7 @@ class Options:
     refresh: bool = False  # ask the package index again
     preset: int = pack.XZ_PRESET
     wrk: Path | None = None
+    extras: tuple[str, ...] = NODE_EXTRAS  # the project's optional extras carried too
     repo: Path = contents.REPO
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -117,7 +121,7 @@ def clear(out: Path) -> None:
 def build(o: Options) -> dict[str, Any]:
     """The whole kit in o.out; the manifest, also written there."""
     t_start = time.monotonic()
-    reqs = wheels.project_requirements(o.repo / "pyproject.toml")
+    reqs = wheels.project_requirements(o.repo / "pyproject.toml", o.extras)
     contents.model_files(o.models)  # a missing model stops the build before anything is downloaded
     dists, choice = choose(o, reqs)
     log(f"carrying {len(dists)} distributions ({len(choice.shadowing)} of them shadowing the node's); "

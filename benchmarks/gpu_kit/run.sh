@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU kit on a node without network (python -m benchmarks.gpu_kit build DIR wrote this beside its parts).
 #   bash run.sh receive [FROM_DIR]   store the parts found in FROM_DIR (default: this script's folder), verified
-#   bash run.sh run [--cpu-dry-run] [--project DIR] [-- ARGS for gpu_serve]   assemble once, check, run gpu_check
-#                                     then gpu_serve (--project: a checkout's code instead of the kit's copy of it)
+#   bash run.sh run [--cpu-dry-run] [--project DIR] [-- ARGS for gpu_serve]   assemble once, check, run gpu_check,
+#                                     gpu_decode, then gpu_serve (--project: a checkout's code instead of the kit's)
 # Needs bash, coreutils, tar and the node's Python (KIT_PYTHON, default python3). The store is
 # ${APP_KIT_HOME:-/root/app-gpu-kit}: parts/, the assembled root/, results/ (or $OUT).
 # Exit status of run: 0 both steps passed; 4 gpu_check failed, 5 gpu_serve failed, 6 both; 3 a requirement is not
@@ -14,6 +14,7 @@ STORE=${APP_KIT_HOME:-/root/app-gpu-kit}
 PY=${KIT_PYTHON:-python3}
 CHECK_TIMEOUT=${KIT_CHECK_TIMEOUT_S:-240}
 SERVE_TIMEOUT=${KIT_SERVE_TIMEOUT_S:-420}
+DECODE_TIMEOUT=${KIT_DECODE_TIMEOUT_S:-120}
 TARGETS=${KIT_TARGETS:-cuda-fp32,cuda-fp32-graphs,cuda-fp16,cuda-fp16-graphs,trt-int8,trt-fp16}
 PROJECT=''  # run: --project DIR, a checkout of the project to run instead of the kit's copy (its code, the kit's rest)
 export PYTHONUNBUFFERED=1
@@ -27,7 +28,8 @@ usage: bash run.sh receive [FROM_DIR]       store the parts in FROM_DIR (default
        bash run.sh run [--cpu-dry-run] [--project DIR] [-- ARGS]   assemble, check the requirements, run gpu_check
                                      and gpu_serve (--project: a checkout's code instead of the kit's copy)
 store: $STORE (APP_KIT_HOME); Python: $PY (KIT_PYTHON); results: \${OUT:-$STORE/results}
-timeouts: KIT_CHECK_TIMEOUT_S=$CHECK_TIMEOUT, KIT_SERVE_TIMEOUT_S=$SERVE_TIMEOUT; gpu_check targets: KIT_TARGETS=$TARGETS
+timeouts: KIT_CHECK_TIMEOUT_S=$CHECK_TIMEOUT, KIT_DECODE_TIMEOUT_S=$DECODE_TIMEOUT, KIT_SERVE_TIMEOUT_S=$SERVE_TIMEOUT
+gpu_check targets: KIT_TARGETS=$TARGETS
 EOF
 }
 
@@ -176,6 +178,12 @@ run_kit() {
     say "gpu_check: none of $TARGETS is known to it"; RC=2
   fi
   check_rc=$RC
+  # decode_in: gpu's decode with the app's own code, and its pixels against the CPU path's (reported, not in the exit
+  # status: a node without nvImageCodec still measures the rest)
+  if [ -f "$PROJECT/benchmarks/gpu_decode.py" ]; then
+    step gpu_decode "$DECODE_TIMEOUT" "$PY" -m benchmarks.gpu_decode "${dry[@]}"
+    say "gpu_decode exit $RC"
+  fi
   if [ -f "$PROJECT/benchmarks/gpu_serve.py" ] || [ -d "$PROJECT/benchmarks/gpu_serve" ]; then
     step gpu_serve "$SERVE_TIMEOUT" "$PY" -m benchmarks.gpu_serve "${dry[@]}" --models "$APP_MODEL_DIR" "${extra[@]}"
   else
