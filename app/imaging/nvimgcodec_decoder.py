@@ -28,6 +28,7 @@ Options (the `options` string, parsed by each decoder's parseOptions):
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,6 +59,7 @@ class NvImageCodecDecoder:
                 f"pip install {PACKAGE} (or nvidia-nvimgcodec-cu13 for CUDA 13), on a node with a CUDA GPU ({e})"
             ) from e
         self._nv: Any = nvimgcodec
+        self._lock = threading.Lock()
         self._stream = cuda_stream
         self._max_pixels = max_width * max_height
         threads = slots_for(num_cpus)
@@ -91,6 +93,12 @@ class NvImageCodecDecoder:
         return self._max_pixels
 
     def decode(self, images: Sequence[bytes]) -> list[tuple[Any, DeviceBackend] | None]:
+        """One batch at a time: a Classifier runs max_concurrent_batches batches in threads, and nvImageCodec's
+        documentation promises no thread safety for one Decoder's calls (the hardware decoder is one engine anyway)."""
+        with self._lock:
+            return self._decode(images)
+
+    def _decode(self, images: Sequence[bytes]) -> list[tuple[Any, DeviceBackend] | None]:
         out: list[tuple[Any, DeviceBackend] | None] = [None] * len(images)
         streams = [self._nv.CodeStream(bytes(data)) for data in images]
         todo = list(range(len(images)))

@@ -72,6 +72,11 @@ class GpuPixels:
         with self._lock:
             return dict(self.totals)
 
+    def reset_counts(self) -> None:
+        """From zero again (after the warm-up's batch: /v1/models counts what requests brought, as the metric does)."""
+        with self._lock:
+            self.totals = Counter(dict.fromkeys(self.totals, 0))
+
     def _pixels(self, data: bytes, d: Decoded[Any], counts: Counter[str]) -> np.ndarray | ServiceError:
         """One image's model pixels [h, w, C], or its ServiceError."""
         if d.error is not None:

@@ -92,6 +92,7 @@ class GpuDecoding:
         started = time.perf_counter()
         self.gpu_pixels = open_gpu_pixels(transform, self.args.limits, self.num_cpus, cfg.max_batch_size, 0, executor)
         self.gpu_pixels([[_warm_jpeg(transform)] * min(cfg.max_batch_size, 4)])
+        self.gpu_pixels.reset_counts()
         logger.info(
             "Classifier_%s decodes its batches (decode_in: gpu, decoder %s), ready in %.1fs",
             self.variant,
