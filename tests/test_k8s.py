@@ -14,6 +14,7 @@ import importlib.util
 import json
 import math
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import pytest
 import yaml
 
 from app.ops import k8s
+from app.ops.batch_cli import parser
 
 REPO = Path(__file__).resolve().parent.parent
 K8S = REPO / "k8s"
@@ -454,8 +456,8 @@ def test_a_template_container_without_the_serve_env_is_refused() -> None:
 
 
 def test_check_fails_on_drift_and_render_fixes_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    generated = (k8s.RAYSERVICE, k8s.CPU_PATCH, k8s.SHARED_CACHE_CONFIG)
-    for rel in (k8s.PYPROJECT, k8s.PROD_CONFIG, k8s.SERVE_ENV_FILE, k8s.TEMPLATE, *generated):
+    generated = (k8s.RAYSERVICE, k8s.CPU_PATCH, k8s.SHARED_CACHE_CONFIG, k8s.RAYJOB)
+    for rel in (k8s.PYPROJECT, k8s.PROD_CONFIG, k8s.SERVE_ENV_FILE, k8s.TEMPLATE, k8s.RAYJOB_TEMPLATE, *generated):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, tmp_path / rel)
     assert k8s.main(["render", "--check", "--root", str(tmp_path)]) == 0
@@ -699,9 +701,10 @@ def _container_contexts(rs: dict[str, Any]) -> list[tuple[str, dict[str, Any], d
     return out
 
 
-def test_every_container_is_locked_down(rendered: tuple[str, list[dict[str, Any]]]) -> None:
-    rs = one(rendered[1], "RayService")
-    for where, sc, pod_sc in _container_contexts(rs):
+def assert_locked_down(contexts: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> None:
+    """Every (where, container securityContext, Pod securityContext): non-root, no escalation, no capabilities, a
+    read-only root, the runtime's seccomp profile."""
+    for where, sc, pod_sc in contexts:
         assert pod_sc.get("seccompProfile") == {"type": "RuntimeDefault"}, where
         assert sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True, where
         assert sc.get("runAsUser", pod_sc.get("runAsUser")) not in (None, 0), where
@@ -709,6 +712,10 @@ def test_every_container_is_locked_down(rendered: tuple[str, list[dict[str, Any]
         assert sc.get("capabilities", {}).get("drop") == ["ALL"] and not sc["capabilities"].get("add"), where
         assert sc.get("readOnlyRootFilesystem") is True, where
         assert not sc.get("privileged"), where
+
+
+def test_every_container_is_locked_down(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    assert_locked_down(_container_contexts(one(rendered[1], "RayService")))
 
 
 def test_the_places_ray_writes_are_emptydirs(rendered: tuple[str, list[dict[str, Any]]]) -> None:
@@ -1013,7 +1020,7 @@ def test_the_image_builds_the_tensorrt_ready_int8_model() -> None:
     runs = [a for i, a in dockerfile(K8S / "Dockerfile") if i == "RUN"]
     models = [r for r in runs if "python -m app.models build" in r]
     assert len(models) == 1
-    assert "python -m app.models quantize --model" in models[0] and "--config /tmp/prod.yaml" in models[0]
+    assert "python -m app.models quantize --model" in models[0] and "--config /home/ray/prod.yaml" in models[0]
     assert '--output "$APP_MODEL_DIR/efficientnet_lite0-int8-trt.onnx" --target tensorrt' in models[0]
     assert 'test -f "$APP_MODEL_DIR/efficientnet_lite0-int8-trt.onnx"' in models[0]
 
@@ -1274,3 +1281,98 @@ def test_the_image_runs_the_admission_front_as_serves_haproxy() -> None:
     assert f"{{name: APP_FRONT_MAXCONN_PER_REPLICA, value: '{prod['maxconn_per_replica']}'}}" in rendered
     containers = rendered.count("{name: RAY_SERVE_ENABLE_HA_PROXY")
     assert containers > 1 and rendered.count("{name: APP_FRONT_BUFFER_BYTES, value: '65536'}") == containers
+
+
+# --------------------------------------------------------------------------- the batch RayJob (k8s/batch/)
+
+BATCH = K8S / "batch"
+# KubeRay v1's RayJobSpec fields (ray-operator/apis/ray/v1/rayjob_types.go, v1.7): the CRD beside the repository is the
+# RayService's only, so the RayJob's own fields are held to this list and its cluster to the RayService's schema.
+RAYJOB_SPEC_FIELDS = {
+    "activeDeadlineSeconds", "backoffLimit", "clusterSelector", "deletionStrategy", "entrypoint", "entrypointNumCpus",
+    "entrypointNumGpus", "entrypointResources", "jobId", "managedBy", "metadata", "rayClusterSpec", "runtimeEnvYAML",
+    "shutdownAfterJobFinishes", "submissionMode", "submitterConfig", "submitterPodTemplate", "suspend",
+    "ttlSecondsAfterFinished", "waitingBeforeSubmissionSeconds",
+}  # fmt: skip
+
+
+def rayjob() -> dict[str, Any]:
+    return one(kustomize(BATCH).docs, "RayJob")
+
+
+def rayjob_pod_templates(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every Pod the RayJob makes: its cluster's groups (as the RayService's) and the submitter."""
+    out = pod_templates({"spec": {"rayClusterConfig": job["spec"]["rayClusterSpec"]}})
+    return out | {"submitter": job["spec"]["submitterPodTemplate"]}
+
+
+def test_the_rayjobs_cluster_is_the_rayservices() -> None:
+    job, rs = rayjob(), one(kustomize(K8S).docs, "RayService")
+    assert job["spec"]["rayClusterSpec"] == rs["spec"]["rayClusterConfig"]
+    assert job["metadata"]["namespace"] == rs["metadata"]["namespace"]
+    rendered = (REPO / k8s.RAYJOB).read_text(encoding="utf-8")
+    assert k8s.cluster_block((REPO / k8s.RAYSERVICE).read_text(encoding="utf-8")) in rendered  # comments too
+    base = yaml.safe_load((K8S / "kustomization.yaml").read_text())["images"]
+    assert yaml.safe_load((BATCH / "kustomization.yaml").read_text())["images"] == base
+
+
+def test_the_rayjob_is_kuberay_v1_and_its_cluster_validates_against_kuberay_crd(tmp_path: Path) -> None:
+    job = rayjob()
+    assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
+    assert set(job["spec"]) <= RAYJOB_SPEC_FIELDS, set(job["spec"]) - RAYJOB_SPEC_FIELDS
+    assert job["spec"]["submissionMode"] in ("K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode")
+    assert job["spec"]["shutdownAfterJobFinishes"] is True and job["spec"]["backoffLimit"] == 0
+    # The same cluster schema as a RayService's (KubeRay's RayClusterSpec): the cluster in a RayService, validated.
+    wrapped = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": {"name": job["metadata"]["name"]},
+        "spec": {"serveConfigV2": "applications: []\n", "rayClusterConfig": job["spec"]["rayClusterSpec"]},
+    }
+    path = tmp_path / "rayjob-cluster.yaml"
+    path.write_text(yaml.safe_dump(wrapped))
+    assert _run_crd_validator([path]).strip().splitlines()[-1] == "1 RayService checked, 0 problems"
+
+
+def test_every_rayjob_pod_template_validates_as_a_core_pod() -> None:
+    import kubernetes_validate
+
+    for name, template in rayjob_pod_templates(rayjob()).items():
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, **template.get("metadata", {})}}
+        pod["spec"] = template["spec"]
+        try:
+            kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:  # pragma: no cover - the message is the point
+            pytest.fail(f"RayJob {name} Pod: {e.message} at {list(e.path)}")
+
+
+def test_every_rayjob_container_is_locked_down() -> None:
+    job = rayjob()
+    templates = rayjob_pod_templates(job)
+    contexts = _container_contexts({"spec": {"rayClusterConfig": job["spec"]["rayClusterSpec"]}})
+    submitter = templates["submitter"]["spec"]
+    contexts += [
+        (f"submitter/{c['name']}", c["securityContext"], submitter["securityContext"]) for c in submitter["containers"]
+    ]
+    assert len(contexts) == len(_container_contexts(one(kustomize(K8S).docs, "RayService"))) + 1
+    assert_locked_down(contexts)
+    assert submitter["restartPolicy"] == "Never" and submitter["automountServiceAccountToken"] is False
+    res = submitter["containers"][0]["resources"]
+    assert res["requests"] == res["limits"]
+
+
+def test_the_rayjob_scores_with_the_images_prod_yaml() -> None:
+    words = shlex.split(rayjob()["spec"]["entrypoint"])
+    assert words[:4] == ["python", "-m", "app.batch", "score"]
+    ns = parser().parse_args(words[3:])
+    assert ns.config == "/home/ray/prod.yaml" and ns.input and ns.output
+    copied = [a.split() for i, a in dockerfile(K8S / "Dockerfile") if i == "COPY"]
+    assert any(c[-2:] == ["configs/prod.yaml", ns.config] for c in copied), "the image must keep prod.yaml there"
+
+
+def test_the_rayjob_template_needs_its_cluster_mark_once() -> None:
+    rs = (REPO / k8s.RAYSERVICE).read_text(encoding="utf-8")
+    with pytest.raises(k8s.RenderError, match="exactly once"):
+        k8s.render_rayjob("kind: RayJob\nspec:\n  rayClusterSpec: {}\n", rs, "img:tag")
+    with pytest.raises(k8s.RenderError, match="last key"):
+        k8s.cluster_block(rs + "  more: 1\n")

@@ -1,6 +1,6 @@
 """Kubernetes manifests generated from the Serve config: `python -m app.ops.k8s render [--check]`.
 
-Run from the repository root. Three files are generated, nothing else:
+Run from the repository root. Four files are generated, nothing else:
 
 - k8s/rayservice.yaml: k8s/templates/rayservice.yaml.in with configs/prod.yaml embedded verbatim as
   spec.serveConfigV2 (a YAML block scalar, so its comments survive), rayVersion set to the Ray version
@@ -11,6 +11,10 @@ Run from the repository root. Three files are generated, nothing else:
 - k8s/overlays/gpu-shared-cache/serve-config.yaml: a ConfigMap holding configs/prod.yaml verbatim, which
   that overlay's build-engines Job reads (`python -m app.runtime build-engines`): the engines it builds
   are those of the config the RayService serves.
+
+- k8s/batch/rayjob.yaml: k8s/templates/rayjob.yaml.in, a KubeRay RayJob running `python -m app.batch score`,
+  with the rendered RayService's rayClusterConfig (text and comments, verbatim) as its rayClusterSpec: the batch
+  job runs on a cluster shaped exactly as the service's.
 
 `--check` writes nothing and exits 1 when either file differs from what render would write, so a
 config change that was not rendered fails CI instead of silently deploying the old config.
@@ -35,6 +39,8 @@ TEMPLATE = Path("k8s/templates/rayservice.yaml.in")
 RAYSERVICE = Path("k8s/rayservice.yaml")
 CPU_PATCH = Path("k8s/overlays/cpu/serve-config-patch.yaml")
 SHARED_CACHE_CONFIG = Path("k8s/overlays/gpu-shared-cache/serve-config.yaml")
+RAYJOB_TEMPLATE = Path("k8s/templates/rayjob.yaml.in")
+RAYJOB = Path("k8s/batch/rayjob.yaml")
 SERVE_CONFIG_MAP = "image-classifier-serve-config"
 # The shared-cache overlay's label on what the engine build needs (claim, config, Job): `kubectl apply -k ... -l`.
 ENGINES_COMPONENT = "trt-engines"
@@ -50,6 +56,7 @@ CPU_PLATFORM = "cpu"
 RAY_VERSION_MARK = "@RAY_VERSION@"
 IMAGE_MARK = "@IMAGE@"
 SERVE_CONFIG_MARK = "@SERVE_CONFIG@"
+RAY_CLUSTER_MARK = "@RAY_CLUSTER@"  # the RayJob's rayClusterSpec: the RayService's rayClusterConfig
 SERVE_ENV_MARK = "@SERVE_ENV@"  # configs/serve.env, as env list items, in every Ray container
 TEMPLATE_NOTE = "#!"  # lines starting with this describe the template itself and are not rendered
 
@@ -140,6 +147,36 @@ def render_rayservice(
     return "".join(out)
 
 
+def cluster_block(rayservice: str) -> str:
+    """The body of the rendered RayService's `  rayClusterConfig:` (its last key under spec), as it is written."""
+    lines = rayservice.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.rstrip() == "  rayClusterConfig:"]
+    if len(starts) != 1:
+        raise RenderError("the RayService must hold one `  rayClusterConfig:` under spec")
+    body = lines[starts[0] + 1 :]
+    if any(line.strip() and not line.startswith("    ") for line in body):
+        raise RenderError("rayClusterConfig must be the RayService's last key under spec (the RayJob takes the rest)")
+    return "".join(body)
+
+
+def render_rayjob(template: str, rayservice: str, image: str) -> str:
+    """The RayJob: the template with its marks replaced and its `#!` notes dropped; its rayClusterSpec is
+    `rayservice`'s rayClusterConfig, line for line."""
+    lines = [line for line in template.splitlines(keepends=True) if not line.startswith(TEMPLATE_NOTE)]
+    if "".join(lines).count(RAY_CLUSTER_MARK) != 1:
+        raise RenderError(f"the RayJob template must hold {RAY_CLUSTER_MARK} exactly once")
+    sources = f"{RAYJOB_TEMPLATE} and {RAYSERVICE} (itself from {TEMPLATE}, {PROD_CONFIG}, {SERVE_ENV_FILE})"
+    out: list[str] = [GENERATED_HEADER.format(sources=sources, edit="those templates")]
+    for line in lines:
+        if RAY_CLUSTER_MARK in line:
+            if _standalone_indent(line, RAY_CLUSTER_MARK) != "    ":
+                raise RenderError(f"{RAY_CLUSTER_MARK} must sit under spec.rayClusterSpec (indented by four)")
+            out.append(cluster_block(rayservice))
+            continue
+        out.append(line.replace(IMAGE_MARK, image))
+    return "".join(out)
+
+
 def cpu_serve_config(config: dict[str, Any]) -> dict[str, Any]:
     """The production config for a cluster without GPUs: Classifiers on CPU, nothing else changed.
 
@@ -221,10 +258,12 @@ def render(root: Path) -> dict[Path, str]:
     image = f"{IMAGE_NAME}:{image_tag(project_version(pyproject), ray, GPU_PLATFORM)}"
     # Every container: configs/serve.env, and the admission front's limits from prod.yaml's args.front.
     env = {**_read_env(root), **config_env(yaml.safe_load(serve_config))}
+    rayservice = render_rayservice(_read(root, TEMPLATE), serve_config, ray, image, env)
     return {
-        RAYSERVICE: render_rayservice(_read(root, TEMPLATE), serve_config, ray, image, env),
+        RAYSERVICE: rayservice,
         CPU_PATCH: render_cpu_patch(serve_config),
         SHARED_CACHE_CONFIG: render_serve_config_map(serve_config),
+        RAYJOB: render_rayjob(_read(root, RAYJOB_TEMPLATE), rayservice, image),
     }
 
 
@@ -243,7 +282,10 @@ def cmd_render(args: argparse.Namespace) -> int:
     if args.check:
         stale = drifted(root)
         for path in stale:
-            print(f"{path} is out of date with {PROD_CONFIG} / {TEMPLATE} / {PYPROJECT}", file=sys.stderr)
+            print(
+                f"{path} is out of date with {PROD_CONFIG} / {TEMPLATE} / {RAYJOB_TEMPLATE} / {PYPROJECT}",
+                file=sys.stderr,
+            )
         if stale:
             print("run `python -m app.ops.k8s render` and commit the result", file=sys.stderr)
             return 1
@@ -263,7 +305,9 @@ def cmd_render(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m app.ops.k8s", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("render", help="write k8s/rayservice.yaml and the overlays' generated serve configs")
+    r = sub.add_parser(
+        "render", help="write k8s/rayservice.yaml, k8s/batch/rayjob.yaml and the overlays' generated serve configs"
+    )
     r.add_argument("--check", action="store_true", help="write nothing; exit 1 if a generated file is stale")
     r.add_argument("--root", default=".", help="the repository root (default: the working directory)")
     r.set_defaults(func=cmd_render)

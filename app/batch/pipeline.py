@@ -1,0 +1,157 @@
+"""The Dataset: the listed paths in small blocks -> decode tasks (CPU) -> the scoring actor pool; `score` writes it as
+Parquet and sums it up. Streaming: Ray Data holds a bounded number of blocks in flight, never the whole collection."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import ray.data
+
+from app.batch.decoding import decode_batch
+from app.batch.scoring import Scorer
+from app.batch.sizing import Pool
+from app.batch.sources import Listed, filesystem
+from app.config import AppArgs
+from app.model.model_io import transform_of
+
+# Paths per input block: one decode task's work (~64 x 150 KB of pixels out for a 224 x 224 model).
+BLOCK_PATHS = 64
+DECODE_BATCH = 16
+MIN_STORE_BUDGET = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class Job:
+    """What to score: the app's arguments, the variants, the pool, how many classes per image."""
+
+    args: AppArgs
+    variants: list[str]
+    pool: Pool
+    top: int
+    block_paths: int = BLOCK_PATHS
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def portable_args(self) -> dict[str, Any]:
+        """The arguments with every path absolute: the actors may start in another working directory."""
+        dumped = self.args.model_dump(mode="json")
+        for name, v in dumped["variants"].items():
+            v["model_path"] = str(self.args.resolved_path(self.args.variants[name].model_path))
+            if v.get("fallback"):
+                v["fallback"]["model_path"] = str(self.args.resolved_path(v["fallback"]["model_path"]))
+        if dumped["model"].get("labels_path"):
+            dumped["model"]["labels_path"] = str(self.args.resolved_path(dumped["model"]["labels_path"]))
+        return dumped
+
+
+def model_transform(job: Job) -> dict[str, Any]:
+    """The declared transform, read from the chosen variants' files on this machine (the driver)."""
+    files = [f for f in job.args.model_files() if f[0].split(".")[1] in job.variants]
+    t = transform_of(job.args.model, files)
+    if t is None:
+        raise FileNotFoundError(f"none of the model files is on this machine: {', '.join(str(p) for _, p in files)}")
+    return t.to_dict()
+
+
+def decode_here(batch: dict[str, Any], transform: dict[str, Any], limits: dict[str, Any]) -> dict[str, Any]:
+    """`decode_batch` in a Ray task, with the node it ran on (where the work went: docs/batch.md)."""
+    out = decode_batch(batch, transform, limits)
+    out["decode_node"] = np.array([ray.get_runtime_context().get_node_id()] * len(out["path"]), dtype=object)
+    return out
+
+
+def store_budget(job: Job, transform: dict[str, Any]) -> int:
+    """Object store bytes the Dataset may hold at once: room for eight batches per scoring actor, at least 256 MiB.
+    Without a cap Ray Data lets the cheap decode run ahead of inference up to its share of the object store (30% of
+    a node's memory), so the pixels waiting would grow with the collection (docs/batch.md "Measured")."""
+    pixels = int(transform["height"]) * int(transform["width"]) * int(transform["channels"])
+    return max(MIN_STORE_BUDGET, job.pool.actors * job.pool.batch_size * pixels * 8)
+
+
+def scored(listed: Listed, job: Job) -> ray.data.Dataset:
+    """The lazy Dataset of output rows (app/batch/scoring.py SCHEMA)."""
+    transform = model_transform(job)
+    ctx = ray.data.DataContext.get_current()  # the Dataset takes the driver's context when it is made, below
+    limits = ctx.execution_options.resource_limits
+    ctx.execution_options.resource_limits = limits.copy(object_store_memory=store_budget(job, transform))
+    table = listed.table()
+    blocks = [table.slice(i, job.block_paths) for i in range(0, table.num_rows, job.block_paths)]
+    pool = job.pool
+    return (
+        ray.data.from_arrow(blocks)
+        .map_batches(
+            functools.partial(decode_here, transform=transform, limits=job.args.limits.model_dump()),
+            batch_size=DECODE_BATCH,
+            num_cpus=1,
+            # A decode reserves the decode budget, as a Preprocessor's DecodeBudget holds one decode's worth per slot.
+            # Asked of the decode tasks only, it also keeps Ray Data from fusing them into the scoring actors, where
+            # decoding would run on the actors' (GPU nodes') few CPUs instead of in tasks across the cluster.
+            memory=job.args.limits.max_decode_bytes,
+        )
+        .map_batches(
+            Scorer,
+            fn_constructor_kwargs={
+                "args": job.portable_args(),
+                "variants": job.variants,
+                "top": job.top,
+                "batch_size": pool.batch_size,
+                "threads": pool.threads,
+                "declaration": json.dumps(job.args.model.model_dump(mode="json"), sort_keys=True),
+            },
+            batch_size=pool.batch_size,
+            compute=ray.data.ActorPoolStrategy(size=pool.actors),
+            num_cpus=pool.num_cpus,
+            num_gpus=pool.num_gpus,
+        )
+    )
+
+
+def score(listed: Listed, job: Job, output: str) -> dict[str, Any]:
+    """Score every listed image with every variant into Parquet under `output`; the summary."""
+    started = time.perf_counter()
+    scored(listed, job).write_parquet(output)
+    seconds = time.perf_counter() - started
+    return summarize(read_output(output), seconds, job)
+
+
+def read_output(output: str, columns: list[str] | None = None) -> pa.Table:
+    fs, path = filesystem(output)
+    cols = columns or ["path", "variant", "engine", "model_sha256", "error_code", "decode_cpu_ms", "infer_cpu_ms"]
+    return pq.read_table(path, filesystem=fs, columns=cols)
+
+
+def summarize(rows: pa.Table, seconds: float, job: Job) -> dict[str, Any]:
+    """Images, img/s, errors by code (per image), CPU-ms per image by stage, the engines that ran."""
+    d = rows.to_pydict()
+    first = job.variants[0]
+    mine = [i for i, v in enumerate(d["variant"]) if v == first]
+    images = len(mine)
+    errors = Counter(d["error_code"][i] for i in mine if d["error_code"][i])
+    infer: dict[str, list[float]] = {}
+    engines: dict[str, str] = {}
+    for i, v in enumerate(d["variant"]):
+        engines[v] = d["engine"][i]
+        if not d["error_code"][i]:
+            infer.setdefault(v, []).append(d["infer_cpu_ms"][i])
+    return {
+        "images": images,
+        "rows": rows.num_rows,
+        "variants": job.variants,
+        "seconds": round(seconds, 3),
+        "images_per_s": round(images / seconds, 2) if seconds > 0 else 0.0,
+        "errors": dict(sorted(errors.items())),
+        "cpu_ms_per_image": {
+            "decode": round(sum(d["decode_cpu_ms"][i] for i in mine) / max(1, images), 3),
+            **{f"infer_{v}": round(sum(x) / max(1, len(x)), 3) for v, x in infer.items()},
+        },
+        "engines": engines,
+        "pool": job.pool.describe(),
+        **job.extra,
+    }

@@ -1,0 +1,128 @@
+"""The variants' engines in a Ray Data actor: each opened as a Classifier replica opens its own (app/serve/classifier.py
+`_open`: the declaration checked against the graph, `runtime_options` and the declared fallback, `open_engine`, the
+engine prepared for the batch size), so a node runs here what it would serve: TensorRT or CUDA where the actor was
+granted a GPU, OpenVINO or ONNX Runtime's CPU EP on a CPU. One output row per image and variant."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import ray
+
+from app.config import AppArgs
+from app.model.model_io import ModelIO, model_io
+from app.runtime import Build, Engine, ModelLoadError, open_engine, threads_for, top_k
+from app.runtime.select import model_sha256
+from app.runtime.variants import fallback_options, runtime_options
+
+# The Parquet file's columns, in order (docs/batch.md describes each).
+SCHEMA = pa.schema(
+    [
+        ("path", pa.string()),
+        ("variant", pa.string()),
+        ("class_ids", pa.list_(pa.int32())),
+        ("labels", pa.list_(pa.string())),
+        ("scores", pa.list_(pa.float32())),
+        ("model_sha256", pa.string()),
+        ("declaration", pa.string()),
+        ("engine", pa.string()),
+        ("decode_node", pa.string()),
+        ("score_node", pa.string()),
+        ("error_code", pa.string()),
+        ("error_message", pa.string()),
+        ("decode_cpu_ms", pa.float64()),
+        ("infer_cpu_ms", pa.float64()),
+    ]
+)
+
+
+@dataclass
+class Served:
+    """One variant as this actor runs it: its engine, the I/O of the file that serves (the fallback's where it
+    serves), and what every row of it says about the model."""
+
+    variant: str
+    engine: Engine
+    io: ModelIO
+    sha256: str
+    engine_name: str
+
+
+def open_variant(args: AppArgs, variant: str, gpu: bool, threads: int, batch_size: int) -> Served:
+    """`variant`'s engine as a Classifier replica of one parallel batch would open it here."""
+    where = f"batch {variant}: variants.{variant}.model_path"
+    path = args.resolved_path(args.variants[variant].model_path)
+    io = model_io(args.model, path, where)
+    opts = runtime_options(args, variant, gpu, threads, 1)
+    fallback, fallback_io, fallback_error = None, None, ""
+    declared = fallback_options(args, variant, gpu, threads, 1)
+    if declared is not None:  # as the Classifier: a fallback that fails its checks is refused only where it would serve
+        fb_path, fb_opts = declared
+        try:
+            fallback_io = model_io(args.model, fb_path, f"batch {variant}: variants.{variant}.fallback.model_path")
+            fallback = Build(str(fallback_io.served.path), fb_opts)
+        except (ValueError, OSError) as e:
+            fallback, fallback_error = Build(str(fb_path), fb_opts), str(e)
+    try:
+        opened = open_engine(variant, str(io.served.path), opts, batch_size, fallback)
+        opened.engine.prepare(batch_size)
+    except ModelLoadError as e:
+        raise RuntimeError(f"batch {variant}: {e}") from e
+    if opened.serving is not None and fallback_io is None:
+        opened.engine.close()
+        raise RuntimeError(f"{opened.serving.line(variant)}, but {fallback_error}")
+    if opened.serving is not None and fallback_io is not None and declared is not None:
+        io, path = fallback_io, declared[0]  # the declared fallback serves (open_engine logged why)
+    return Served(variant, opened.engine, io, model_sha256(str(path), 0), opened.engine.name)
+
+
+class Scorer:
+    """A Ray Data callable class: decoded batches in, one row per image and variant out (SCHEMA)."""
+
+    def __init__(
+        self, args: dict[str, Any], variants: list[str], top: int, batch_size: int, threads: int, declaration: str
+    ) -> None:
+        """`args` with absolute paths (Job.portable_args); `declaration`: args.model as the config says it, JSON."""
+        self.args = AppArgs.model_validate(args)
+        gpu = bool(ray.get_gpu_ids())
+        assigned = float(ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0))
+        threads = threads or self.args.intra_op_threads or threads_for(assigned)
+        self.top = top
+        self.node = ray.get_runtime_context().get_node_id()
+        self.declaration = declaration
+        self.served = [open_variant(self.args, v, gpu, threads, batch_size) for v in variants]
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
+        codes = [str(c) for c in batch["error_code"]]
+        good = [i for i, c in enumerate(codes) if not c]
+        columns: dict[str, list[Any]] = {f.name: [] for f in SCHEMA}
+        for s in self.served:
+            started = time.process_time()
+            best = self._top(s, batch["pixels"][good]) if good else []
+            share = (time.process_time() - started) * 1000.0 / max(1, len(good))
+            found = dict(zip(good, best, strict=True))
+            for i, path in enumerate(batch["path"]):
+                picked = found.get(i)
+                columns["path"].append(str(path))
+                columns["variant"].append(s.variant)
+                columns["class_ids"].append([c for c, _ in picked] if picked is not None else None)
+                columns["labels"].append([s.io.labels[c] for c, _ in picked] if picked is not None else None)
+                columns["scores"].append([p for _, p in picked] if picked is not None else None)
+                columns["model_sha256"].append(s.sha256)
+                columns["declaration"].append(self.declaration)
+                columns["engine"].append(s.engine_name)
+                columns["decode_node"].append(str(batch["decode_node"][i]))
+                columns["score_node"].append(self.node)
+                columns["error_code"].append(codes[i] or None)
+                columns["error_message"].append(str(batch["error_message"][i]) or None)
+                columns["decode_cpu_ms"].append(float(batch["decode_cpu_ms"][i]))
+                columns["infer_cpu_ms"].append(share if picked is not None else 0.0)
+        return pa.Table.from_pydict(columns, schema=SCHEMA)
+
+    def _top(self, s: Served, pixels: np.ndarray) -> list[list[tuple[int, float]]]:
+        array = s.io.checked(np.ascontiguousarray(pixels, dtype=np.uint8))
+        return [top_k(row, self.top) for row in s.io.probabilities(s.engine.logits(array))]

@@ -1,0 +1,283 @@
+"""`python -m app.batch score` against the single-process `report` path, on this machine.
+
+    python -m benchmarks.batch_score [--compare 1000] [--small 2000] [--large 20000]
+
+On one corpus of JPEGs (the sample photographs re-encoded, linked over and over; decoding and inference cost the same
+for every copy), with FP32 on ONNX Runtime's CPU EP in both paths (configs/local.yaml, engine cpu):
+
+1. img/s of the single-process path `python -m app.models report --eval-dir` takes (read, `Preparation.pixels`, the
+   CPU engine in batches of 32, one process) and of `score` on a Ray started here (`ray.init()`), on the same
+   `--compare` images; the ratio, and `score`'s CPU-ms per image by stage (decode tasks, the scoring actor).
+2. The same images on two Ray nodes started on this machine (`ray.cluster_utils.Cluster`): how many images each node
+   decoded and scored.
+3. Peak memory of the driver and every Ray process it started (summed RSS and PSS, sampled every 0.25 s) while
+   scoring `--small` and then `--large` images: streaming holds a bounded number of blocks, not the collection.
+
+Writes benchmarks/results/<stamp>-<host>-batch-score.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import os
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import ray
+import yaml
+from ray.cluster_utils import Cluster
+
+from app.batch.pipeline import Job, read_output, score
+from app.batch.sizing import size_pool
+from app.batch.sources import list_images
+from app.config import AppArgs
+from app.imaging.opencv import cv2
+from app.model import default_files
+from app.model.graph import read_graph
+from app.model.model_io import Preparation
+from app.model.prologue import served_model
+from app.runtime import RuntimeOptions, cpu_engine
+from app.toolchain.samples import available_photos, sample_bytes
+from benchmarks.environment import REPO, RESULTS_DIR, host_name, print_environment, stamp
+from benchmarks.procs import family
+from benchmarks.report import markdown_table, pyplot, save_figure, write_report
+
+BATCH = 32
+
+
+def corpus(root: Path, n: int) -> Path:
+    """`n` JPEGs under `root` (1,000 a folder): the sample photographs re-encoded at quality 90, hard-linked."""
+    sources = []
+    for name in available_photos():
+        img = cv2.imdecode(np.frombuffer(sample_bytes(name), np.uint8), cv2.IMREAD_COLOR)
+        if img is not None and img.ndim == 3:
+            path = root / f"source-{name}.jpg"
+            path.write_bytes(cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes())
+            sources.append(path)
+    out = root / f"images-{n}"
+    for i in range(n):
+        target = out / f"{i // 1000:04d}" / f"{i:06d}.jpg"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.link(sources[i % len(sources)], target)
+    return out
+
+
+def config(cpu_engine_only: bool = True) -> tuple[dict[str, Any], AppArgs]:
+    cfg = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
+    args = cfg["applications"][0]["args"]
+    files = default_files(REPO / "models")
+    args["variants"]["fp32"]["model_path"], args["variants"]["int8"]["model_path"] = str(files.fp32), str(files.int8)
+    args["model"]["labels_path"] = str(files.labels)
+    if cpu_engine_only:
+        for v in args["variants"].values():
+            v["engine"] = "cpu"
+    return cfg, AppArgs.model_validate(copy.deepcopy(args))
+
+
+def single_process(images: list[str], args: AppArgs) -> dict[str, Any]:
+    """The report's path: one process, read and prepare with the Preprocessor's function, the CPU engine in batches."""
+    started = time.perf_counter()
+    cpu0 = time.process_time()
+    fp32 = args.resolved_path(args.variants["fp32"].model_path)
+    prepare = Preparation(args.model, read_graph(fp32))
+    engine = cpu_engine(
+        str(served_model(fp32, args.model.preprocess).path), RuntimeOptions(threads=os.cpu_count() or 1)
+    )
+    decode_s = infer_s = 0.0
+    for i in range(0, len(images), BATCH):
+        t0 = time.perf_counter()
+        x = prepare.pixels([Path(p).read_bytes() for p in images[i : i + BATCH]])
+        t1 = time.perf_counter()
+        engine.logits(x)
+        decode_s, infer_s = decode_s + t1 - t0, infer_s + time.perf_counter() - t1
+    seconds = time.perf_counter() - started
+    return {
+        "images": len(images),
+        "seconds": round(seconds, 3),
+        "images_per_s": round(len(images) / seconds, 2),
+        "cpu_ms_per_image": round((time.process_time() - cpu0) * 1000 / len(images), 3),
+        "wall_ms_per_image": {
+            "decode": round(decode_s * 1000 / len(images), 3),
+            "infer": round(infer_s * 1000 / len(images), 3),
+        },
+    }
+
+
+class MemorySampler:
+    """Summed RSS and PSS (MiB) of this process and everything it started (Ray's GCS, raylet, workers), sampled."""
+
+    def __init__(self, every_s: float = 0.25) -> None:
+        self.every_s = every_s
+        self.samples: list[tuple[float, float, float]] = []  # (perf_counter, RSS MiB, PSS MiB)
+        self._stop = threading.Event()
+
+    def _sample(self) -> None:
+        rss = pss = 0.0
+        for pid in family(os.getpid()):
+            with contextlib.suppress(psutil.Error):
+                m = psutil.Process(pid).memory_full_info()
+                rss, pss = rss + m.rss / 2**20, pss + m.pss / 2**20
+        self.samples.append((time.perf_counter(), rss, pss))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._sample()
+
+    @contextlib.contextmanager
+    def sampling(self) -> Iterator[MemorySampler]:
+        thread = threading.Thread(target=self._run, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            thread.join()
+            self._sample()
+
+    def peaks(self) -> dict[str, float]:
+        return {
+            "peak_rss_mib": round(max(s[1] for s in self.samples), 1),
+            "peak_pss_mib": round(max(s[2] for s in self.samples), 1),
+        }
+
+
+def run_score(images: Path, out: Path, cfg: dict[str, Any], args: AppArgs) -> dict[str, Any]:
+    listed = list_images(str(images))
+    nodes = [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+    job = Job(args, ["fp32"], size_pool(nodes, cfg, args, ["fp32"]), 5)
+    summary = score(listed, job, str(out))
+    rows = read_output(str(out), ["decode_node", "score_node"]).to_pydict()
+    summary["decoded_on"] = dict(Counter(rows["decode_node"]))
+    summary["scored_on"] = dict(Counter(rows["score_node"]))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--compare", type=int, default=1000, help="images for the img/s comparison and the two-node run")
+    p.add_argument("--small", type=int, default=2000, help="images of the first memory run")
+    p.add_argument("--large", type=int, default=20000, help="images of the second memory run")
+    ns = p.parse_args(argv)
+    env = print_environment()
+    cfg, args = config()
+    result: dict[str, Any] = {"environment": env, "config": "configs/local.yaml, variant fp32, engine cpu"}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        big = corpus(root, max(ns.compare, ns.small, ns.large))
+        all_images = list_images(str(big)).paths
+        compare = root / "compare"
+        for i, path in enumerate(all_images[: ns.compare]):
+            (compare / Path(path).parent.name).mkdir(parents=True, exist_ok=True)
+            os.link(path, compare / Path(path).parent.name / f"{i:06d}.jpg")
+
+        single = single_process(list_images(str(compare)).paths, args)
+        print(f"single process: {single}", flush=True)
+        ray.init(num_cpus=psutil.cpu_count(), log_to_driver=False)
+        one = run_score(compare, root / "out-one", cfg, args)
+        ray.shutdown()
+        print(f"score, one node: {one}", flush=True)
+        result["single_process"], result["score_one_node"] = single, one
+        result["ratio_score_to_single"] = round(one["images_per_s"] / single["images_per_s"], 3)
+
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        c.add_node(num_cpus=1)
+        ray.init(address=c.address, log_to_driver=False)
+        two = run_score(compare, root / "out-two", cfg, args)
+        ray.shutdown()
+        c.shutdown()
+        print(f"score, two nodes: {two}", flush=True)
+        result["score_two_nodes"] = two
+
+        memory = {}
+        for n in (ns.small, ns.large):
+            subset = root / f"subset-{n}"
+            for i, path in enumerate(all_images[:n]):
+                (subset / Path(path).parent.name).mkdir(parents=True, exist_ok=True)
+                os.link(path, subset / Path(path).parent.name / f"{i:06d}.jpg")
+            ray.init(num_cpus=psutil.cpu_count(), log_to_driver=False)
+            sampler = MemorySampler()
+            with sampler.sampling():
+                summary = run_score(subset, root / f"out-{n}", cfg, args)
+            ray.shutdown()
+            memory[str(n)] = {**sampler.peaks(), "images_per_s": summary["images_per_s"], "seconds": summary["seconds"]}
+            memory[str(n)]["series"] = [
+                (round(t - sampler.samples[0][0], 2), round(r, 1), round(q, 1)) for t, r, q in sampler.samples
+            ]
+            print(f"memory, {n} images: { ({k: v for k, v in memory[str(n)].items() if k != 'series'}) }", flush=True)
+        result["memory"] = memory
+    stem = RESULTS_DIR / f"{stamp()}-{host_name()}-batch-score"
+    plot(result, Path(f"{stem}.png"))
+    print(write_report(stem, result, to_markdown(result)))
+    return 0
+
+
+def to_markdown(r: dict[str, Any]) -> str:
+    s, one, two = r["single_process"], r["score_one_node"], r["score_two_nodes"]
+    rows = [
+        ["single process (report's path)", s["images"], s["images_per_s"], "-", "-"],
+        [
+            "score, one Ray node",
+            one["images"],
+            one["images_per_s"],
+            one["cpu_ms_per_image"]["decode"],
+            one["cpu_ms_per_image"]["infer_fp32"],
+        ],
+        [
+            "score, two Ray nodes",
+            two["images"],
+            two["images_per_s"],
+            two["cpu_ms_per_image"]["decode"],
+            two["cpu_ms_per_image"]["infer_fp32"],
+        ],
+    ]
+    lines = [
+        f"# python -m app.batch score against the single-process path ({r['config']})",
+        "",
+        markdown_table(["path", "images", "img/s", "decode CPU-ms/img", "infer CPU-ms/img"], rows, 2),
+        "",
+        f"score / single process: {r['ratio_score_to_single']:.3f}x",
+        "",
+        f"Two nodes: decoded {two['decoded_on']}, scored {two['scored_on']}",
+        "",
+        markdown_table(
+            ["images", "peak RSS MiB (sum)", "peak PSS MiB (sum)", "img/s"],
+            [[n, m["peak_rss_mib"], m["peak_pss_mib"], m["images_per_s"]] for n, m in r["memory"].items()],
+            1,
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(r: dict[str, Any], out: Path) -> None:
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    names = ["single process", "score, 1 node", "score, 2 nodes"]
+    rates = [
+        r["single_process"]["images_per_s"],
+        r["score_one_node"]["images_per_s"],
+        r["score_two_nodes"]["images_per_s"],
+    ]
+    left.bar(names, rates, color=["#888888", "#1f77b4", "#2ca02c"])
+    left.set_ylabel("images/s")
+    left.set_title("img/s, FP32 on the CPU EP")
+    for n, m in r["memory"].items():
+        t = [s[0] for s in m["series"]]
+        right.plot(t, [s[2] for s in m["series"]], label=f"{n} images (PSS)")
+    right.set_xlabel("s")
+    right.set_ylabel("MiB, driver + Ray processes")
+    right.set_title("memory while scoring")
+    right.legend()
+    save_figure(fig, out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
