@@ -54,10 +54,10 @@ def prod_on_one_machine(
     downscale_delay_s: float | None = None,
     look_back_s: float | None = None,
 ) -> dict[str, Any]:
-    """configs/prod.yaml shrunk to fit one machine, placement settings untouched. `fixed`: replicas per deployment
-    (min = max; 1 where not named). Else prod's policies with FITTED bounds, `downscale_delay_s` and (when given)
-    `look_back_s`. Targets follow prod's rules as the bounds they depend on shrink here: a Classifier's is its
-    max_concurrent_batches, the Router's keeps its ratio to max_in_flight."""
+    """configs/prod.yaml shrunk to fit one machine, placement settings untouched but the per-node Router cap.
+    `fixed`: replicas per deployment (min = max; 1 where not named). Else prod's policies with FITTED bounds,
+    `downscale_delay_s` and (when given) `look_back_s`. Targets follow prod's rules as the bounds they depend on
+    shrink here: a Classifier's is its max_concurrent_batches, the Router's keeps its ratio to max_in_flight."""
     cfg = yaml.safe_load((REPO / "configs" / "prod.yaml").read_text())
     app = cfg["applications"][0]
     args = app["args"]
@@ -81,6 +81,10 @@ def prod_on_one_machine(
             router_share = d["autoscaling_config"]["target_ongoing_requests"] / d["user_config"]["max_in_flight"]
             d["user_config"]["max_in_flight"] = 48
         auto = d["autoscaling_config"]
+        # The bounds below are this machine's: a new cluster's start at the maximum (prod's initial_replicas) is not,
+        # nor prod's one Router per node (a cluster's availability), which one cpu_pool node would hold to one Router.
+        auto.pop("initial_replicas", None)
+        d.pop("max_replicas_per_node", None)
         if fixed is not None:
             auto["min_replicas"] = auto["max_replicas"] = fixed.get(d["name"], 1)
             continue

@@ -40,10 +40,15 @@ OVERLAYS = {
     "cpu": K8S / "overlays" / "cpu",
     "gpu": K8S / "overlays" / "gpu",
     "gpu-shared-cache": K8S / "overlays" / "gpu-shared-cache",
+    "incremental": K8S / "overlays" / "incremental",
 }
 CUSTOM_KINDS = {("ray.io/v1", "RayService"), ("monitoring.coreos.com/v1", "PodMonitor")}
 APP_LABEL = {"app.kubernetes.io/part-of": "image-classifier"}
 SERVE_SVC = "image-classifier-serve-svc"
+INCREMENTAL = "NewClusterWithIncrementalUpgrade"
+# The Service Istio deploys for the Gateway KubeRay creates under the incremental strategy (k8s/overlays/incremental).
+GATEWAY_SVC = "image-classifier-gateway-istio"
+GATEWAY_PODS = {"gateway.networking.k8s.io/gateway-name": "image-classifier-gateway"}
 
 
 # --------------------------------------------------------------------------- a small kustomize
@@ -238,6 +243,7 @@ class Deployment:
     min_replicas: int
     max_replicas: int
     label_selector: dict[str, str]
+    per_node: int | None = None  # max_replicas_per_node: at least ceil(replicas / per_node) nodes
 
 
 def deployments(cfg: dict[str, Any]) -> list[Deployment]:
@@ -252,7 +258,8 @@ def deployments(cfg: dict[str, Any]) -> list[Deployment]:
                 lo, hi = auto.get("min_replicas", 1), auto.get("max_replicas", 1)
             else:
                 lo = hi = d.get("num_replicas", 1)
-            out.append(Deployment(d["name"], asks, lo, hi, opts.get("label_selector") or {}))
+            selector = opts.get("label_selector") or {}
+            out.append(Deployment(d["name"], asks, lo, hi, selector, d.get("max_replicas_per_node")))
     return out
 
 
@@ -312,7 +319,9 @@ def placement(rayservice: dict[str, Any]) -> tuple[dict[str, list[str]], dict[st
     for name, plan in plans.items():
         capacity = advertised(groups[name])
         deps = [d for d in deployments(serve_config(rayservice)) if d.name in plan.deployments]
-        plan.pods_max = pods_for([d.asks for d in deps for _ in range(d.max_replicas)], capacity)
+        capped = [d for d in deps if d.per_node]
+        most = pods_for([d.asks for d in deps for _ in range(d.max_replicas)], capacity)
+        plan.pods_max = max([most, *[math.ceil(d.max_replicas / d.per_node) for d in capped if d.per_node]])
         least = pods_for([d.asks for d in deps for _ in range(d.min_replicas)], capacity)
         plan.pods_min = max([least, *[d.min_replicas for d in deps]])
     return eligible, plans
@@ -396,8 +405,16 @@ def test_rayservice_follows_kuberay_operator_rules(rendered: tuple[str, list[dic
     name = rs["metadata"]["name"]
     assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 47
     spec = rs["spec"]
-    assert spec["upgradeStrategy"]["type"] in ("NewCluster", "NewClusterWithIncrementalUpgrade", "None")
+    assert spec["upgradeStrategy"]["type"] in ("NewCluster", INCREMENTAL, "None")
     cluster = spec["rayClusterConfig"]
+    if spec["upgradeStrategy"]["type"] == INCREMENTAL:  # utils/validation.go, ValidateClusterUpgradeOptions (v1.7.0)
+        assert cluster.get("enableInTreeAutoscaling") is True, "the incremental upgrade needs the Ray autoscaler"
+        opts = spec["upgradeStrategy"]["clusterUpgradeOptions"]
+        surge = opts.get("maxSurgePercent", 100)
+        assert 0 <= surge <= 100 and 0 <= opts["stepSizePercent"] <= surge
+        assert opts["intervalSeconds"] > 0 and opts["gatewayClassName"]
+    else:
+        assert "clusterUpgradeOptions" not in spec["upgradeStrategy"]
     assert "upgradeStrategy" not in cluster, "a RayService's cluster may not set its own upgradeStrategy"
     v2 = cluster.get("autoscalerOptions", {}).get("version") == "v2"
     ray = tuple(int(x) for x in cluster["rayVersion"].split("."))
@@ -579,6 +596,7 @@ def test_images_agree_across_groups_and_with_the_kustomizations() -> None:
         "base": gpu_tag,
         "gpu": gpu_tag,
         "gpu-shared-cache": gpu_tag,
+        "incremental": gpu_tag,
         "cpu": k8s.image_tag(version, ray, k8s.CPU_PLATFORM),
     }
     for name, root in OVERLAYS.items():
@@ -604,8 +622,122 @@ def test_only_the_gpu_group_advertises_gpus(rendered: tuple[str, list[dict[str, 
         assert advertised(group)["GPU"] == gpus, f"{group['groupName']}: Ray GPUs must equal the Pod's GPUs"
         spec = group["template"]["spec"]
         if gpus:
-            assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
             assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+
+
+def _gpu_limit(container: dict[str, Any]) -> Fraction:
+    limits = (container.get("resources") or {}).get("limits") or {}
+    return sum((quantity(v) for k, v in limits.items() if k.endswith("gpu")), Fraction(0))
+
+
+def test_no_pod_uses_a_gpu_it_was_not_given(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    """KubeRay sets num-gpus only from a GPU limit (common/pod.go, addWellKnownAcceleratorResources); without one,
+    Ray counts the GPUs the container sees, and the NVIDIA runtime shows a container every GPU of its node unless
+    NVIDIA_VISIBLE_DEVICES says otherwise (Ray's gpu.rst, "GPU multi-tenancy"). So every Pod without a GPU request
+    advertises GPU 0 to Ray and sets NVIDIA_VISIBLE_DEVICES=void in every container (KubeRay copies the Ray
+    container's env into its wait-gcs-ready init container); the autoscaler, in the head Pod, too. Pods with a GPU
+    leave the variable to the device plugin."""
+    docs = rendered[1]
+    rs = one(docs, "RayService")
+    cluster = rs["spec"]["rayClusterConfig"]
+    groups = {"head": cluster["headGroupSpec"], **{g["groupName"]: g for g in cluster["workerGroupSpecs"]}}
+    for name, group in groups.items():
+        where = f"{rendered[0]}: {name}"
+        containers = group["template"]["spec"]["containers"] + group["template"]["spec"].get("initContainers", [])
+        given = _gpu_limit(group["template"]["spec"]["containers"][0])
+        if given:
+            assert all(_env(c).get("NVIDIA_VISIBLE_DEVICES") is None for c in containers), where
+            continue
+        params, resources = group.get("rayStartParams") or {}, group.get("resources") or {}
+        assert params.get("num-gpus") == "0" or resources.get("GPU") == "0", f"{where}: GPU 0 said, not inferred"
+        assert advertised(group)["GPU"] == 0, where
+        for c in containers:
+            assert _env(c).get("NVIDIA_VISIBLE_DEVICES") == "void", f"{where}/{c['name']}"
+    autoscaler = {e["name"]: e.get("value") for e in cluster["autoscalerOptions"].get("env", [])}
+    assert autoscaler.get("NVIDIA_VISIBLE_DEVICES") == "void"
+    assert _gpu_limit(cluster["autoscalerOptions"]) == 0
+    # Pods of the overlays (the engine build Job) likewise: a GPU given, or none seen.
+    for job in (d for d in docs if d["kind"] == "Job"):
+        for c in job["spec"]["template"]["spec"]["containers"]:
+            assert _gpu_limit(c) > 0 or _env(c).get("NVIDIA_VISIBLE_DEVICES") == "void", job["metadata"]["name"]
+
+
+# Labels a GPU operator (GPU feature discovery) adds once a node runs: no node provisioner creates a node for them.
+DISCOVERED = re.compile(r"^(nvidia\.com|feature\.node\.kubernetes\.io)/")
+
+
+def _node_labels_required(spec: dict[str, Any]) -> set[str]:
+    keys = set(spec.get("nodeSelector") or {})
+    affinity = (spec.get("affinity") or {}).get("nodeAffinity", {})
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    for term in (required or {}).get("nodeSelectorTerms", []):
+        keys |= {e["key"] for e in term.get("matchExpressions", [])}
+    return keys
+
+
+def test_gpu_pods_find_gpu_nodes_by_their_gpu_request(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    """The nvidia.com/gpu request confines a Pod to nodes that offer it, and node provisioners (Karpenter, the cluster
+    autoscaler) know which instance types do; a required label that only the GPU operator adds after a node exists
+    would leave the Pods the Ray autoscaler asks for Pending. Every Pod: GPU Pods request a GPU and require no such
+    label; nothing else requires one either."""
+    docs = rendered[1]
+    specs = {g: t["spec"] for g, t in pod_templates(one(docs, "RayService")).items()}
+    specs.update({d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in docs if d["kind"] == "Job"})
+    for name, spec in specs.items():
+        where = f"{rendered[0]}: {name}"
+        assert not {k for k in _node_labels_required(spec) if DISCOVERED.match(k)}, where
+        gpu = _gpu_limit(spec["containers"][0])
+        if gpu:
+            requests = spec["containers"][0]["resources"]["requests"]
+            assert quantity(requests["nvidia.com/gpu"]) == gpu, f"{where}: the request is what finds a GPU node"
+            assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+        else:
+            assert not any(t.get("key") == "nvidia.com/gpu" for t in spec.get("tolerations", [])), where
+
+
+def _router(cfg: dict[str, Any]) -> dict[str, Any]:
+    return next(d for d in cfg["applications"][0]["deployments"] if d["name"] == "Router")
+
+
+def test_the_routers_are_one_per_ray_node_and_the_cpu_group_holds_them(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """max_replicas_per_node: 1 (Serve's replica scheduling guide): the two Routers kept for availability are in
+    two Pods, a hard constraint (a per-node resource each Router asks all of), not a best-effort spread. The
+    autoscaler plans it too (autoscaler/_private/resource_demand_scheduler.py `_fits`: every node offers 1 of it),
+    so the Router group's pod range must hold one Pod per Router at each end."""
+    rs = one(rendered[1], "RayService")
+    router = _router(serve_config(rs))
+    assert router["max_replicas_per_node"] == 1
+    assert "placement_group_bundles" not in router  # Serve refuses the two together
+    auto = router["autoscaling_config"]
+    assert auto["min_replicas"] >= 2
+    eligible, _ = placement(rs)
+    (group_name,) = eligible["Router"]
+    group = next(g for g in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"] if g["groupName"] == group_name)
+    assert group["minReplicas"] >= auto["min_replicas"] and group["maxReplicas"] >= auto["max_replicas"]
+    # The Pods themselves spread over Kubernetes nodes (best effort: a required spread could strand scale-ups).
+    (spread,) = group["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_a_new_cluster_starts_at_the_capacity_it_may_have_to_serve() -> None:
+    """After a NewCluster upgrade's switch the new cluster takes all traffic: the Preprocessors and Classifiers start at
+    initial_replicas = max_replicas (the most the old cluster could have been running), which the worker groups'
+    maxReplicas hold, and fall back to the load after their downscale_delay_s. Not the Router: Serve applies
+    initial_replicas again on every config change of a deployment (serve/_private/autoscaling_state.py, register),
+    and the Router's A/B weights change often; its scale-up takes upscale_delay_s on CPU pods already there."""
+    rs = one(_load_docs(K8S / "rayservice.yaml"), "RayService")
+    cfg = serve_config(rs)
+    for dep in cfg["applications"][0]["deployments"]:
+        auto = dep["autoscaling_config"]
+        if dep["name"] == "Router":
+            assert "initial_replicas" not in auto and "user_config" in dep
+            continue
+        assert auto["min_replicas"] <= auto["initial_replicas"] == auto["max_replicas"], dep["name"]
+    _, plans = placement(rs)
+    for group in rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        assert group["maxReplicas"] >= plans[group["groupName"]].pods_max, group["groupName"]
 
 
 def test_every_deployment_lands_on_exactly_one_worker_group(rendered: tuple[str, list[dict[str, Any]]]) -> None:
@@ -827,7 +959,7 @@ def test_the_build_engines_job_builds_what_the_gpu_workers_load() -> None:
     assert volumes[mounts[cache_dir]["name"]]["persistentVolumeClaim"] == worker_volume["persistentVolumeClaim"]
     assert not mounts[cache_dir].get("readOnly")
     assert quantity(c["resources"]["limits"]["nvidia.com/gpu"]) == 1
-    assert pod["nodeSelector"] == worker["nodeSelector"] and pod["tolerations"] == worker["tolerations"]
+    assert pod.get("nodeSelector") == worker.get("nodeSelector") and pod["tolerations"] == worker["tolerations"]
     # The namespace's restricted Pod Security Standard.
     sc, pod_sc = c["securityContext"], pod["securityContext"]
     assert pod_sc["runAsNonRoot"] is True and pod_sc["runAsUser"] != 0
@@ -874,7 +1006,10 @@ def test_ray_ports_stay_inside_the_cluster(rendered: tuple[str, list[dict[str, A
         for rule in ing["spec"]["rules"]
         for p in rule["http"]["paths"]
     ]
-    assert backends and all(b == {"name": SERVE_SVC, "port": {"number": port}} for b in backends)
+    if rs["spec"]["upgradeStrategy"]["type"] == INCREMENTAL:  # no image-classifier-serve-svc: through the Gateway
+        assert backends and all(b == {"name": GATEWAY_SVC, "port": {"number": 80}} for b in backends)
+    else:
+        assert backends and all(b == {"name": SERVE_SVC, "port": {"number": port}} for b in backends)
     assert f"{rs['metadata']['name']}-serve-svc" == SERVE_SVC
 
 
@@ -885,25 +1020,99 @@ def test_ray_containers_declare_the_ports_kuberay_reads(rendered: tuple[str, lis
     for group, template in pod_templates(rs).items():
         ports = {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
         assert ports["serve"] == serve_port and ports["metrics"] == 8080, group
-        assert ports["grpc"] == grpc_port, f"{group}: the gRPC Service targets the port named grpc"
+        assert ports["serve-grpc"] == grpc_port, f"{group}: the serve Service's gRPC port (serve-grpc) lands here"
+        assert "grpc" not in ports, f"{group}: a gRPC port not named serve-* stays off the serve Service"
         assert "client" not in ports, f"{group}: the Ray client port is not served"
         if group == "head":
             assert ports["gcs-server"] == 6379 and ports["dashboard"] == 8265
+            assert ports["as-metrics"] == 44217 and ports["dash-metrics"] == 44227  # KubeRay's head PodMonitor's
 
 
-def test_the_grpc_service_reaches_the_serving_pods_on_the_grpc_port(
+def kuberay_serve_service(rs: dict[str, Any], cluster_name: str = "image-classifier-abcde") -> dict[str, Any]:
+    """The serve Service KubeRay v1.7.0 builds for a RayService's cluster (common/service.go, BuildServeService):
+    every head container port named `serve` or `serve-*`; a port of spec.serveService with the same name replaces
+    it (appProtocol kept), unless the upgrade strategy is incremental, which ignores spec.serveService and names
+    the Service after the cluster; the selector is always KubeRay's own."""
+    head = rs["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    auto = [
+        {"name": p["name"], "port": p["containerPort"]}
+        for p in head["ports"]
+        if p["name"] == "serve" or p["name"].startswith("serve-")
+    ]
+    incremental = rs["spec"]["upgradeStrategy"]["type"] == INCREMENTAL
+    user = {p["name"]: p for p in ((rs["spec"].get("serveService") or {}).get("spec") or {}).get("ports", [])}
+    ports = [user.get(p["name"], p) for p in auto] if not incremental else auto
+    name = f"{cluster_name if incremental else rs['metadata']['name']}-serve-svc"
+    selector = {"ray.io/cluster": cluster_name, "ray.io/serve": "true"}
+    return {"metadata": {"name": name}, "spec": {"selector": selector, "ports": ports}}
+
+
+def test_grpc_reaches_the_cluster_kuberay_switched_to_through_the_serve_service(
     rendered: tuple[str, list[dict[str, Any]]],
 ) -> None:
-    """KubeRay's serve Service keeps only the port named `serve`, so gRPC has a Service of its own."""
-    docs = rendered[1]
-    rs = one(docs, "RayService")
-    (svc,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "image-classifier-grpc"]
-    assert svc["spec"]["selector"] == {**APP_LABEL, "ray.io/serve": "true"}  # KubeRay's mark of a healthy proxy
-    (port,) = svc["spec"]["ports"]
-    assert port["port"] == serve_config(rs)["grpc_options"]["port"] and port["targetPort"] == "grpc"
-    assert port["appProtocol"] == "kubernetes.io/h2c"  # gRPC without TLS inside the cluster
+    """gRPC and HTTP on KubeRay's serve Service, the one Service KubeRay moves to the new cluster at the switch; the
+    gRPC port named serve-* (KubeRay v1.6+ carries those), its appProtocol h2c from spec.serveService. Under the
+    incremental strategy KubeRay ignores spec.serveService: that overlay has none, and no gRPC."""
+    rs = one(rendered[1], "RayService")
+    cfg = serve_config(rs)
+    svc = kuberay_serve_service(rs)
+    ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert ports["serve"]["port"] == cfg["http_options"]["port"]
+    assert set(svc["spec"]["selector"]) == {"ray.io/cluster", "ray.io/serve"}
+    if rs["spec"]["upgradeStrategy"]["type"] == INCREMENTAL:
+        assert "serveService" not in rs["spec"], "ignored under the incremental strategy: it would only mislead"
+        return
+    assert svc["metadata"]["name"] == SERVE_SVC
+    grpc = ports["serve-grpc"]
+    assert grpc["port"] == cfg["grpc_options"]["port"] and grpc.get("appProtocol") == "kubernetes.io/h2c", grpc
+    assert set(ports) == {"serve", "serve-grpc"}, "spec.serveService lists only ports KubeRay carries"
+    assert "selector" not in rs["spec"]["serveService"]["spec"], "KubeRay replaces it: do not pretend otherwise"
+    # No targetPort: the Service sends to the same port number, which every serving Pod listens on.
+    assert "targetPort" not in grpc
     for group, template in pod_templates(rs).items():
-        assert APP_LABEL.items() <= template["metadata"]["labels"].items(), group
+        declared = {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
+        assert declared["serve-grpc"] == grpc["port"], group
+
+
+def test_no_service_selects_ray_pods_without_the_cluster_kuberay_switched_to(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """A Service of our own selecting Ray Pods by their serve mark alone would send calls to a new cluster's Pods as
+    soon as their proxy is healthy, before KubeRay switches to it (it marks every worker ray.io/serve: "true" and
+    leaves the rest to readiness: common/pod.go, BuildPod). Only KubeRay's Services, which name the cluster, do."""
+    docs = rendered[1]
+    templates = pod_templates(one(docs, "RayService"))
+    for svc in (d for d in docs if d["kind"] == "Service"):
+        selector = svc["spec"].get("selector") or {}
+        for group, template in templates.items():
+            labels = {**template["metadata"]["labels"], "ray.io/serve": "true", "ray.io/group": group}
+            if selector and selector.items() <= labels.items():
+                assert "ray.io/cluster" in selector, f"{rendered[0]}: Service {svc['metadata']['name']} -> {group}"
+    assert not (K8S / "grpc-service.yaml").exists()
+
+
+def test_the_incremental_overlay_follows_the_guide_and_reaches_the_gateway() -> None:
+    """maxSurgePercent = one GPU pod's share of the GPU group's maximum (Ray's rayservice-incremental-upgrade.md);
+    HTTP in through the Gateway's Service; the Ray Pods take port 8000 from the Gateway's Pods."""
+    docs = kustomize(OVERLAYS["incremental"]).docs
+    rs = one(docs, "RayService")
+    opts = rs["spec"]["upgradeStrategy"]["clusterUpgradeOptions"]
+    groups = rs["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    gpus = sum(advertised(g)["GPU"] * g["maxReplicas"] for g in groups)
+    per_pod = max(advertised(g)["GPU"] for g in groups)
+    assert opts["maxSurgePercent"] == per_pod / gpus * 100 == 25
+    assert opts["intervalSeconds"] == 60 and opts["stepSizePercent"] <= opts["maxSurgePercent"]
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "image-classifier-ray"]
+    gateway = [
+        r
+        for r in policy["spec"]["ingress"]
+        if any(p.get("podSelector", {}).get("matchLabels") == GATEWAY_PODS for p in r["from"])
+    ]
+    assert [r["ports"] for r in gateway] == [[{"protocol": "TCP", "port": 8000}]]
+    # Everything else is the base's.
+    base = one(kustomize(OVERLAYS["base"]).docs, "RayService")
+    assert rs["spec"]["rayClusterConfig"] == base["spec"]["rayClusterConfig"]
+    assert rs["spec"]["serveConfigV2"] == base["spec"]["serveConfigV2"]
 
 
 def _peers_for(policies: list[dict[str, Any]], pod_labels: dict[str, str], port: int) -> list[dict[str, Any]]:
@@ -931,32 +1140,46 @@ def _namespaces(peer: dict[str, Any]) -> set[str]:
 def test_network_policy_admits_only_named_sources(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     docs = rendered[1]
     policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
-    templates = pod_templates(one(docs, "RayService"))
+    rs = one(docs, "RayService")
+    templates = pod_templates(rs)
+    gateway = rs["spec"]["upgradeStrategy"]["type"] == INCREMENTAL
     for group, template in templates.items():
         labels = dict(template["metadata"]["labels"], **{"ray.io/node-type": "head" if group == "head" else "worker"})
         assert any(p["spec"]["podSelector"]["matchLabels"].items() <= labels.items() for p in policies), group
         outside: dict[int, set[str]] = {}
-        for port in (8000, 9000, 8080, 8265, 6379):
+        for port in (8000, 9000, 8080, 8265, 6379, 44217, 44227):
             peers = _peers_for(policies, labels, port)
             for peer in peers:
-                if "namespaceSelector" not in peer:  # same namespace: only this service's Ray pods
-                    assert peer["podSelector"]["matchLabels"] == APP_LABEL, peer
+                if "namespaceSelector" not in peer:  # same namespace: this service's Ray pods (and its Gateway's)
+                    allowed = [APP_LABEL, GATEWAY_PODS] if gateway and port == 8000 else [APP_LABEL]
+                    assert peer["podSelector"]["matchLabels"] in allowed, (port, peer)
             outside[port] = set().union(*[_namespaces(p) for p in peers if "namespaceSelector" in p])
         assert outside[8000] == {"ingress-nginx"}, (group, outside)
         assert outside[9000] == {"ingress-nginx"}, (group, outside)
         assert outside[8080] == {"monitoring"}, (group, outside)
         assert outside[6379] == set(), (group, outside)
         assert outside[8265] == ({"kuberay-system"} if group == "head" else set()), (group, outside)
+        # The autoscaler's and the dashboard's metrics: Prometheus, on the head only (k8s/podmonitor.yaml).
+        for port in (44217, 44227):
+            assert outside[port] == ({"monitoring"} if group == "head" else set()), (group, port, outside)
 
 
 def test_pod_monitor_scrapes_the_metrics_port_of_every_ray_pod(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    """Ray's metrics on every Ray Pod; the autoscaler's and the dashboard's on the head, as KubeRay's own head
+    PodMonitor scrapes them (config/prometheus/podMonitor.yaml, v1.7.0)."""
     docs = rendered[1]
     monitor = one(docs, "PodMonitor")
     selector = monitor["spec"]["selector"]["matchLabels"]
+    endpoints = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
+    assert endpoints == {"metrics", "as-metrics", "dash-metrics"}
     for group, template in pod_templates(one(docs, "RayService")).items():
         assert selector.items() <= template["metadata"]["labels"].items(), group
-        names = {p["name"] for p in template["spec"]["containers"][0]["ports"]}
-        assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= names, group
+        names = {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
+        assert names["metrics"] == 8080, group
+        if group == "head":
+            assert endpoints <= set(names) and (names["as-metrics"], names["dash-metrics"]) == (44217, 44227)
+        else:  # the other two are not declared here, so the Prometheus Operator finds no target for them here
+            assert not endpoints - {"metrics"} & set(names), group
 
 
 def test_namespace_enforces_the_restricted_pod_security_standard(rendered: tuple[str, list[dict[str, Any]]]) -> None:

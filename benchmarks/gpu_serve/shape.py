@@ -149,6 +149,9 @@ def derive(
         d.pop("autoscaling_config", None)
         d.pop("min_replicas", None)
         d.pop("max_replicas", None)
+        # One node here: prod.yaml's one-Router-per-node cap (for a cluster's availability) would leave all Routers
+        # but one unplaced.
+        d.pop("max_replicas_per_node", None)
         d["num_replicas"] = replicas_of(d["name"], shape)
         if shape.dry_run:
             d["ray_actor_options"] = {**_actor(d), "num_cpus": DRY_RUN_CPUS, "num_gpus": 0}
