@@ -27,18 +27,21 @@ from typing import Any
 
 import aiohttp
 import httpx
+import numpy as np
 import pytest
 import ray
 from ray import serve
 from ray.cluster_utils import Cluster
 
 from app.front.haproxy_config import REFUSAL
+from app.imaging.opencv import cv2
 from app.model import ModelFiles
 from app.serve.serve_internals import serve_client
 from app.toolchain.samples import sample_bytes
 from benchmarks.autoscale import prod_on_one_machine, replica_counts
 from benchmarks.stats import percentile
 from tests.conftest import driver_handle, use_serve_env, wait_until
+from tests.hostile import cv_encode, jpeg_with_size, pattern_image
 from tests.redis_server import Redis, redis_server
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -526,3 +529,83 @@ def _gcs_outage(cluster: dict[str, Any], before: dict[str, Any], counts_before: 
 def rollout_now() -> dict[str, Any] | None:
     r = httpx.get(URL + "/v1/rollout", timeout=30)
     return r.json() if r.status_code == 200 else None
+
+
+# --------------------------------------------------------------------------- last: prod's shape with decode_in: gpu
+# (its deploy restarts every replica, and nothing after it needs them as they were)
+
+JPEG = cv_encode(".jpg", pattern_image(60, 80))
+BROKEN = JPEG[: len(JPEG) // 2]  # its header passes, its scan does not decode (tests/test_gpu_decode_unit.py)
+
+
+def _batch_answers() -> tuple[str, list[dict[str, Any]]]:
+    """/v1/classify/batch of a JPEG photograph, a truncated JPEG, a PNG photograph, a pixel bomb and another JPEG:
+    the variant that answered, and per image its top-1 or its error code and status."""
+    chelsea = cv2.imdecode(np.frombuffer(sample_bytes("chelsea"), np.uint8), cv2.IMREAD_COLOR)
+    jpeg = cv2.imencode(".jpg", chelsea, [cv2.IMWRITE_JPEG_QUALITY, 95])[1].tobytes()
+    files = [
+        ("file", ("chelsea.jpg", jpeg, "image/jpeg")),
+        ("file", ("broken.jpg", BROKEN, "image/jpeg")),
+        ("file", ("coffee.png", sample_bytes("coffee"), "image/png")),
+        ("file", ("bomb.jpg", jpeg_with_size(60_000, 60_000), "image/jpeg")),
+        ("file", ("rocket.jpg", sample_bytes("rocket"), "image/jpeg")),
+    ]  # fmt: skip
+    r = httpx.post(URL + "/v1/classify/batch", files=files, timeout=60)
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    answers = [
+        {"top1": x["predictions"][0]["class_id"]} if "predictions" in x else {"error": x["error"]["code"]}
+        for x in results
+    ]
+    return r.headers["x-model-variant"], [
+        a | {"status": x.get("status")} for a, x in zip(answers, results, strict=True)
+    ]
+
+
+def test_prod_with_gpu_decoding_serves_as_before_with_its_routers_one_per_node(cluster: dict[str, Any]) -> None:
+    """prod.yaml's shape on this cluster, changed to `decode_in: gpu` (no Preprocessor; each Classifier's batch decodes,
+    nvImageCodec stood in for by the host decoder, APP_GPU_DECODER=standin, the transform graph on the CPU EP) and with
+    prod.yaml's `max_replicas_per_node: 1` on two Routers, a second cpu_pool node added:
+    - the two Routers land on two Ray nodes, never both in the one a node loss takes (docs/kubernetes.md);
+    - the same request answers as it did with the Preprocessors (top-1 282, 967, 657; 400 and 413 where they were);
+    - /v1/models says where each image was decoded: the answering Classifier decoded two JPEGs on the "device", the PNG
+      by the CPU path, and the truncated JPEG failed there after the device declined it (the bomb never left the
+      Router: its header check refuses it)."""
+    import yaml
+
+    prod = yaml.safe_load((Path(__file__).resolve().parent.parent / "configs" / "prod.yaml").read_text())
+    cap = next(d for d in prod["applications"][0]["deployments"] if d["name"] == "Router")["max_replicas_per_node"]
+    _, on_cpu = _batch_answers()
+    second = cluster["cluster"].add_node(num_cpus=1, resources={"cpu_pool": 100})
+    cfg = copy.deepcopy(cluster["cfg"])
+    app = cfg["applications"][0]
+    app["args"]["decode_in"] = "gpu"
+    app["deployments"] = [d for d in app["deployments"] if d["name"] != "Preprocessor"]
+    for d in app["deployments"]:
+        if d["name"].startswith("Classifier_"):
+            standin = {"env_vars": {"APP_GPU_DECODER": "standin"}}
+            d["ray_actor_options"] = {**d["ray_actor_options"], "runtime_env": standin}
+        if d["name"] == "Router":
+            d["max_replicas_per_node"] = cap
+            d["autoscaling_config"] = dict(d["autoscaling_config"], min_replicas=2, max_replicas=2)
+    deploy(cfg, cluster["client"])
+
+    def placed() -> list[str]:
+        details = serve_client().get_serve_details()["applications"]["classifier"]["deployments"]["Router"]
+        running = [r["node_id"] for r in details["replicas"] if r["state"] == "RUNNING"]
+        return running if len(running) == 2 else []
+
+    nodes = wait_until(placed, 180, 0.5, "two Routers running")
+    assert cap == 1 and len(set(nodes)) == 2 and second.node_id in nodes, (nodes, second.node_id)
+    wait_until(lambda: app_running() and httpx.get(URL + "/readyz", timeout=5).status_code == 200, 180, 0.5, "ready")
+    variant, on_gpu = _batch_answers()
+    assert on_gpu == on_cpu
+    assert [a.get("top1") for a in on_gpu] == [282, None, 967, None, 657]
+    assert [a["status"] for a in on_gpu if "error" in a] == [400, 413]
+    models = httpx.get(URL + "/v1/models", timeout=10).json()
+    assert models["decode"]["where"] == "gpu"
+    decoded = models["variants"][variant]["gpu_decode"]
+    images = decoded["images"]
+    assert decoded["decoder"] == "standin", decoded
+    assert (images["hardware"], images["cpu"], images["failed"], images["fallback"]) == (2, 1, 1, 1), images
+    assert images["device_errors"] == images["transform_fallback"] == 0, images
