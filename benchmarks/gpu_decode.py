@@ -32,11 +32,10 @@ from typing import Any
 import numpy as np
 
 from app.config import Limits
-from app.imaging.gpu_decode import BatchDecode
 from app.imaging.preprocess import preprocess
 from app.imaging.transform import Transform
 from app.model import builtin_transform
-from app.runtime.cuda_transform import STANDIN, decoder_factory
+from app.runtime.cuda_transform import STANDIN, decoder_factory, open_gpu_pixels
 from app.runtime.gpu_pixels import GpuPixels
 from benchmarks.corpus import build_corpus
 from benchmarks.environment import RESULTS_DIR, host_name, stamp
@@ -134,14 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     kind, factory = decoder_factory({"APP_GPU_DECODER": STANDIN} if a.cpu_dry_run else {})
     result: dict[str, Any] = {"stamp": stamp(), "dry_run": a.cpu_dry_run, "decoder": kind, "batch": a.batch}
     result["command"] = "python -m benchmarks.gpu_decode " + " ".join(argv if argv is not None else sys.argv[1:])
-    try:
-        decoder, image_transform = factory(transform, 1.0, a.batch, 0)
+    try:  # the Classifier's own construction: the factory's decoder and transform, the limits, a CPU-path thread
+        gpu = open_gpu_pixels(transform, Limits(), 1.0, a.batch, 0, ThreadPoolExecutor(1), factory=factory)
     except Exception as e:  # no nvImageCodec, no CUDA: said, exit 1
         print(f"error: the GPU path cannot be built here: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    limits = Limits()
-    batch = BatchDecode(decoder, transform, limits.max_pixels, limits.max_decode_bytes, True, ThreadPoolExecutor(1))
-    gpu = GpuPixels(batch, image_transform)
     result["sizes"] = {
         f"{w}x{h}": measure_size(gpu, transform, [im.data for im in corpus if (im.width, im.height) == (w, h)],
                                  a.batch, a.seconds)

@@ -1,5 +1,5 @@
-"""Image files -> the model's pixels, in Ray Data's CPU tasks, with the serving path's own code: the Router's header
-pre-check (`check_header`) then the Preprocessor's `preprocess`, under the config's Limits. A file that cannot be used
+"""Image files -> the model's pixels, in Ray Data's CPU tasks, with the serving path's own code: the Preprocessor's
+`preprocess`, whose first step is the Router's header pre-check (`check_header`), under the config's Limits. A file that cannot be used
 is a row with the error code `/v1/classify` answers for it (app/errors.py), never a failed task.
 
 No Ray here: `decode_batch` is a plain function over a batch of paths (Ray Data calls it in its tasks)."""
@@ -14,7 +14,7 @@ import numpy as np
 from app.batch.sources import filesystem
 from app.config import Limits
 from app.errors import ServiceError
-from app.imaging.preprocess import check_header, preprocess
+from app.imaging.preprocess import preprocess
 from app.imaging.transform import Transform
 
 
@@ -33,8 +33,8 @@ def read_file(uri: str, max_bytes: int) -> bytes:
 
 
 def decode_one(data: bytes, transform: Transform, limits: Limits) -> np.ndarray:
-    """One image as the service decodes it: the header checks, then `preprocess` with the same limits."""
-    check_header(data, limits.max_pixels, transform.decode_target, limits.max_decode_bytes)
+    """One image as the service decodes it: `preprocess` with the same limits, whose own first step is the header
+    check (`check_header`, with the same pixel limit, decode target and budget the Router's pre-check uses)."""
     return preprocess(data, transform, limits.max_pixels, True, limits.max_decode_bytes)
 
 
