@@ -581,6 +581,8 @@ def test_prod_with_gpu_decoding_serves_as_before_with_its_routers_one_per_node(c
     app = cfg["applications"][0]
     app["args"]["decode_in"] = "gpu"
     app["deployments"] = [d for d in app["deployments"] if d["name"] != "Preprocessor"]
+    for v in app["args"]["variants"].values():  # ONNX Runtime's CPU EP: it reads the decoded batch in place
+        v["engine"] = "cpu"
     for d in app["deployments"]:
         if d["name"].startswith("Classifier_"):
             standin = {"env_vars": {"APP_GPU_DECODER": "standin"}}
@@ -609,3 +611,6 @@ def test_prod_with_gpu_decoding_serves_as_before_with_its_routers_one_per_node(c
     assert decoded["decoder"] == "standin", decoded
     assert (images["hardware"], images["cpu"], images["failed"], images["fallback"]) == (2, 1, 1, 1), images
     assert images["device_errors"] == images["transform_fallback"] == 0, images
+    # the device mode (app/runtime/device_batch.py): ONNX Runtime's CPU EP read the decoded rows in place
+    assert models["variants"][variant]["engine"] == "cpu", models["variants"][variant]
+    assert decoded["device_batch"] == {"active": True}, decoded

@@ -385,6 +385,16 @@ class Profiling(_Body):
     refused: str | None = Field(None, description="present when this replica cannot profile")
 
 
+class DeviceBatchInfo(_Body):
+    """decode_in: gpu: whether a batch's pixels stay on the device for the engine (app/runtime/device_batch.py)."""
+
+    active: bool = Field(
+        description="true: the transform writes each image into the engine's input buffer and the engine reads it "
+        "there (only the logits reach the host); false: the host mode, the pixels go through host memory"
+    )
+    off: str | None = Field(None, description="present when not active: why (the engine, or the start-up check)")
+
+
 class GpuDecodeInfo(_Body):
     """decode_in: gpu: this Classifier replica's decoder and where its images were decoded, counted since start."""
 
@@ -394,6 +404,7 @@ class GpuDecodeInfo(_Body):
         description="hardware, hybrid (the GPU's decoders), cpu (the CPU path), failed (refused or undecodable), "
         "fallback and transform_fallback (meant for the GPU, decoded by the CPU path), device_errors (whole GPU calls)"
     )
+    device_batch: DeviceBatchInfo | None = Field(None, description="whether the device mode serves, or why not")
 
 
 class _VariantBase(_Body):

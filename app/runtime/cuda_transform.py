@@ -1,14 +1,16 @@
 """`decode_in: gpu` on a GPU node: nvImageCodec's images through the transform graph on ORT's CUDA EP, one stream.
 
 The decoded image never goes to host memory: its device pointer (`__cuda_array_interface__`, uint8 RGB HWC,
-contiguous) is bound as the transform graph's input (IOBinding.bind_input on 'cuda'); only the model's pixels (uint8
-224 x 224 x 3 for the built-in model: 150 KB, against 6 MB for a decoded 1080p image) come back for the engine's
-batch. The two libraries' GPU work is ordered by ONE CUDA stream: nvImageCodec decodes on it (`cuda_stream=`) and the
-transform session computes on it (the CUDA EP's `user_compute_stream`, onnxruntime PR #19229), so the graph cannot
-read a half-written image. Measured on an H200 without that ordering (../shared/gpu-2026-12-04/probe4.log): a
-640x480 image read half-written, mean absolute difference 69 from the CPU decode; with a device-wide synchronisation
-after the decode, 0.0. tests/test_gpu_pixels_unit.py checks that both get the same, non-zero stream (ONNX Runtime
-takes stream 0 as "none" and would use its own).
+contiguous) is bound as the transform graph's input (IOBinding.bind_input on 'cuda'). The model's pixels (uint8
+224x224x3 for the built-in model) are written by `into` straight into the engine's input buffer on the device (a row
+of app/runtime/device_batch.py's DeviceBatch: the device mode), or, in the host mode (`__call__`: a replica whose
+engine cannot read that buffer), copied back to host memory for the engine's batch. The two libraries' GPU work is
+ordered by ONE CUDA stream: nvImageCodec decodes on it (`cuda_stream=`) and the transform session computes on it
+(the CUDA EP's `user_compute_stream`, onnxruntime PR #19229), so the graph cannot read a half-written image.
+Measured on an H200 without that ordering (../shared/gpu-2026-12-04/probe4.log): a 640x480 image read half-written,
+mean absolute difference 69 from the CPU decode; with a device-wide synchronisation after the decode, 0.0.
+tests/test_gpu_pixels_unit.py checks that both get the same, non-zero stream (ONNX Runtime takes stream 0 as "none"
+and would use its own).
 
 `open_gpu_pixels` builds the Classifier's GpuPixels: nvImageCodec + this on a GPU node; with APP_GPU_DECODER=standin
 in the replica's environment, the host stand-in (app/imaging/standin_decoder.py) + the transform graph on the CPU EP:
@@ -29,6 +31,7 @@ from app.config import Limits
 from app.imaging.gpu_decode import BatchDecode, DeviceDecoder
 from app.imaging.nvimgcodec_decoder import PACKAGE
 from app.imaging.transform import Transform
+from app.runtime.device_batch import load_cudart
 from app.runtime.gpu_pixels import GpuPixels, ImageTransform
 from app.runtime.plan import CUDA, PlanError
 from app.runtime.transform_graph import INPUT, OUTPUT, GraphTransform
@@ -36,25 +39,11 @@ from app.runtime.transform_graph import INPUT, OUTPUT, GraphTransform
 DECODER_ENV = "APP_GPU_DECODER"
 STANDIN = "standin"
 CUDA_STREAM_NON_BLOCKING = 0x01  # cudaStreamNonBlocking: no implicit ordering with the legacy default stream
-_CUDART = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
 
 
 def new_stream() -> int:
     """A CUDA stream of its own (cudaStreamCreateWithFlags through the CUDA runtime ONNX Runtime's CUDA EP loaded)."""
-    import onnxruntime as ort
-
-    preload = getattr(ort, "preload_dlls", None)  # ONNX Runtime 1.21+: CUDA's libraries from NVIDIA's pip packages
-    if preload is not None:
-        preload(cuda=True, cudnn=False)
-    errors = []
-    for name in _CUDART:
-        try:
-            cudart = ctypes.CDLL(name)
-            break
-        except OSError as e:
-            errors.append(str(e))
-    else:
-        raise RuntimeError(f"decode_in: gpu needs the CUDA runtime library: {'; '.join(errors)}")
+    cudart = load_cudart()
     stream = ctypes.c_void_p()
     rc = cudart.cudaStreamCreateWithFlags(ctypes.byref(stream), ctypes.c_uint(CUDA_STREAM_NON_BLOCKING))
     if rc != 0 or not stream.value:
@@ -77,7 +66,8 @@ class CudaImageTransform:
         self.stream = stream
         self.graph = GraphTransform(t, [cuda_provider(device_id, stream)])
 
-    def __call__(self, image: Any) -> np.ndarray:
+    def _bound(self, image: Any) -> Any:
+        """An IOBinding with `image`'s device memory bound as the graph's input (checked: contiguous uint8 RGB)."""
         cai = image.__cuda_array_interface__
         shape = tuple(int(s) for s in cai["shape"])
         if cai.get("typestr") != "|u1" or len(shape) != 3 or shape[2] != 3:
@@ -86,10 +76,25 @@ class CudaImageTransform:
             raise ValueError(f"expected a contiguous device image, got strides {cai.get('strides')}")
         binding = self.graph.session.io_binding()
         binding.bind_input(INPUT, "cuda", self.device_id, np.uint8, list(shape), int(cai["data"][0]))
+        return binding
+
+    def __call__(self, image: Any) -> np.ndarray:
+        """The model's pixels on the host (the host mode: GpuPixels.__call__)."""
+        binding = self._bound(image)
         binding.bind_output(OUTPUT, "cpu")
         self.graph.session.run_with_iobinding(binding)
         out: np.ndarray = binding.copy_outputs_to_cpu()[0]
         return out
+
+    def into(self, image: Any, ptr: int) -> None:
+        """The model's pixels written to device memory at `ptr` (a DeviceBatch's row, uint8 [1, h, w, C]), never to
+        the host. Complete when this returns: ORT synchronises the EP's compute stream (here the decoder's) at the
+        end of every Run unless the run option disable_synchronize_execution_providers is "1" (its default "0",
+        onnxruntime_run_options_config_keys.h: "it omit[s] triggering cudaStreamSynchronize on the compute stream").
+        NOT YET RUN ON A GPU: the same binding on "cpu" (GraphTransform.into) is what CI runs."""
+        binding = self._bound(image)
+        binding.bind_output(OUTPUT, "cuda", self.device_id, np.uint8, [1, *self.graph.transform.shape], ptr)
+        self.graph.session.run_with_iobinding(binding)
 
 
 def _nvimgcodec(

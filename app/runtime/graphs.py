@@ -197,10 +197,39 @@ class GraphRunner:
                 return self.plain(batch, list(outputs))
             return self._replay(slot.buckets[bucket], batch, outputs)
 
+    def run_device(
+        self,
+        n: int,
+        sample_shape: tuple[int, ...],
+        fill: Callable[[Any], None],
+        outputs: Sequence[str],
+        plain: Callable[[], list[np.ndarray]],
+    ) -> list[np.ndarray]:
+        """`run` for a batch already on the device (decode_in: gpu, app/runtime/device_batch.py): `fill(x)` copies its
+        n rows into a bucket's input buffer x (device to device, landed when it returns) instead of update_inplace;
+        `plain()` runs it on the plain session."""
+        fits = sample_shape == self.io.sample_shape and self.io.dtype == np.uint8
+        bucket = self.table.get(n) if fits else None
+        if bucket is None:
+            with self.gate.shared():
+                return plain()
+        slot = self.slot_here()
+        if slot is None:
+            return self.executor.submit(self.run_device, n, sample_shape, fill, outputs, plain).result()
+        with self.gate.shared():
+            if slot.off or bucket not in slot.buckets:
+                return plain()
+            chosen = slot.buckets[bucket]
+            fill(chosen.x)
+            return self._run_bucket(chosen, n, outputs)
+
     def _replay(self, bucket: _Bucket, batch: np.ndarray, outputs: Sequence[str]) -> list[np.ndarray]:
         n = len(batch)
         bucket.host[:n] = batch
         bucket.x.update_inplace(bucket.host)
+        return self._run_bucket(bucket, n, outputs)
+
+    def _run_bucket(self, bucket: _Bucket, n: int, outputs: Sequence[str]) -> list[np.ndarray]:
         bucket.session.run_with_iobinding(bucket.binding)
         names = [name for name, _, _ in self.io.outputs]
         # A copy: the bucket's buffer is written again by the slot's next batch while the caller still reads this.

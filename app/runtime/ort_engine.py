@@ -7,10 +7,11 @@ import contextlib
 import ctypes
 import os
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnxruntime as ort
@@ -19,6 +20,9 @@ from app.runtime.capture_gate import GATE
 from app.runtime.graphs import GraphIO, GraphRunner
 from app.runtime.plan import CPU, CUDA, DISABLE_CPU_FALLBACK, TENSORRT, EngineChoice, RuntimeOptions
 from app.runtime.spec import ModelLoadError, ModelSpec, spec_from_io
+
+if TYPE_CHECKING:
+    from app.runtime.device_batch import DeviceBatch
 
 # The shared libraries each GPU provider of the onnxruntime-gpu 1.31 wheel NEEDS beyond glibc
 # (`readelf -d libonnxruntime_providers_{cuda,tensorrt}.so`; tests/test_runtime.py re-reads them).
@@ -225,24 +229,76 @@ class OrtEngine:
     def alive(self) -> bool:
         return self.session is not None and not self._closing
 
-    def run(self, batch: np.ndarray, outputs: list[str] | None = None) -> list[np.ndarray]:
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[ort.InferenceSession]:
+        """A run in flight: a close waits for it (the session is released when the last one ends)."""
         with self._runs_lock:
             if self.session is None:
                 raise ModelLoadError(f"session for {self.path} is closed")
             self._in_flight += 1
+            session = self.session
         try:
-            graphs, names = self.graphs, outputs or list(self.spec.output_names)
-            if graphs is not None:
-                return graphs.run(batch, names)
-            # On a GPU every run of the process keeps out of a CUDA graph capture (capture_gate.py).
-            with GATE.shared() if self.on_gpu else contextlib.nullcontext():
-                return self._plain_run(batch, names)
+            yield session
         finally:
             with self._runs_lock:
                 self._in_flight -= 1
                 release = self._closing and not self._in_flight
             if release:
                 self._release()
+
+    def run(self, batch: np.ndarray, outputs: list[str] | None = None) -> list[np.ndarray]:
+        with self._running():
+            graphs, names = self.graphs, outputs or list(self.spec.output_names)
+            if graphs is not None:
+                return graphs.run(batch, names)
+            # On a GPU every run of the process keeps out of a CUDA graph capture (capture_gate.py).
+            with GATE.shared() if self.on_gpu else contextlib.nullcontext():
+                return self._plain_run(batch, names)
+
+    def device_input(self) -> tuple[str, int] | None:
+        """Where `run_device` reads a DeviceBatch from: ("cuda" | "cpu", device id); None where the session's input is
+        not the model's uint8 pixels."""
+        if self.spec.input_dtype != "tensor(uint8)":
+            return None
+        return ("cuda", self.opts.device_id) if self.on_gpu else ("cpu", 0)
+
+    def rows_for(self, n: int) -> int:
+        """The rows a plain run of `n` images binds (GPU sessions: padded to a multiple of PAD_STEP)."""
+        return padded_rows(n, self.opts.tensorrt.max_batch_size) if self.on_gpu else n
+
+    def run_device(self, batch: DeviceBatch, n: int, outputs: list[str] | None = None) -> list[np.ndarray]:
+        """The outputs for rows 0..n-1 of `batch`, read in place (decode_in: gpu): a plain session binds the buffer by
+        pointer, rows_for(n) rows (the padding rows are whatever the buffer holds; their outputs are dropped); a CUDA
+        graph's bucket gets the rows by a device-to-device copy. Only the outputs come to the host.
+        On "cuda": NOT YET RUN ON A GPU (designed from ORT's IOBinding API; CI runs the "cpu" kind)."""
+        batch.sync()  # every row has landed before the session reads
+        with self._running() as session:
+            graphs, names = self.graphs, outputs or list(self.spec.output_names)
+
+            def plain() -> list[np.ndarray]:
+                return self._plain_device(session, batch, n, names)
+
+            if graphs is not None:
+                return graphs.run_device(n, batch.shape, lambda x: batch.copy_rows_to(x.data_ptr(), n), names, plain)
+            with GATE.shared() if self.on_gpu else contextlib.nullcontext():
+                return plain()
+
+    def _plain_device(
+        self, session: ort.InferenceSession, batch: DeviceBatch, n: int, outputs: list[str]
+    ) -> list[np.ndarray]:
+        rows = self.rows_for(n)
+        if rows > batch.capacity or batch.shape != tuple(self.spec.sample_shape()):
+            raise ValueError(
+                f"{rows} rows of {self.spec.sample_shape()} from a device batch of {batch.capacity} x {batch.shape}"
+            )
+        binding = session.io_binding()
+        binding.bind_input(
+            self.spec.input_name, batch.kind, batch.device_id, np.uint8, [rows, *batch.shape], batch.row_ptr(0)
+        )
+        for name in outputs:
+            binding.bind_output(name, "cpu")
+        session.run_with_iobinding(binding)
+        return [y[:n] for y in binding.copy_outputs_to_cpu()]
 
     def _plain_run(self, batch: np.ndarray, outputs: list[str]) -> list[np.ndarray]:
         """The session's own run. On a GPU a batch is padded up to a multiple of PAD_STEP rows: the session then meets a
@@ -253,7 +309,7 @@ class OrtEngine:
         if session is None:
             raise ModelLoadError(f"session for {self.path} is closed")
         n = len(batch)
-        rows = padded_rows(n, self.opts.tensorrt.max_batch_size) if self.on_gpu else n
+        rows = self.rows_for(n)
         if rows == n:
             return session.run(outputs, {self.spec.input_name: batch})
         x = np.zeros((rows, *batch.shape[1:]), dtype=batch.dtype)

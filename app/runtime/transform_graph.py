@@ -192,7 +192,19 @@ class GraphTransform:
         self.session = ort.InferenceSession(self.model.SerializeToString(), options, providers=list(providers))
 
     def __call__(self, rgb: np.ndarray) -> np.ndarray:
-        if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3 or 0 in rgb.shape:
-            raise ValueError(f"expected RGB uint8 [H, W, 3], got {rgb.dtype} {rgb.shape}")
-        out: np.ndarray = self.session.run([OUTPUT], {INPUT: np.ascontiguousarray(rgb)})[0]
+        out: np.ndarray = self.session.run([OUTPUT], {INPUT: _checked(rgb)})[0]
         return out
+
+    def into(self, rgb: np.ndarray, ptr: int) -> None:
+        """The pixels written to host memory at `ptr` (uint8 [1, height, width, C], a "cpu" DeviceBatch's row): the
+        output bound by pointer, as CudaImageTransform.into binds a device row (the stand-in decoder's path)."""
+        binding = self.session.io_binding()
+        binding.bind_cpu_input(INPUT, _checked(rgb))
+        binding.bind_output(OUTPUT, "cpu", 0, np.uint8, [1, *self.transform.shape], ptr)
+        self.session.run_with_iobinding(binding)
+
+
+def _checked(rgb: np.ndarray) -> np.ndarray:
+    if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3 or 0 in rgb.shape:
+        raise ValueError(f"expected RGB uint8 [H, W, 3], got {rgb.dtype} {rgb.shape}")
+    return np.ascontiguousarray(rgb)

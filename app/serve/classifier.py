@@ -22,7 +22,7 @@ from app.model.prologue import served_model
 from app.runtime import Build, ModelLoadError, Opened, open_engine, threads_for, top_k
 from app.runtime.startup import StartupReport, run_speed_gate, start_report
 from app.runtime.variants import fallback_options, runtime_options, speed_gate_for
-from app.serve.classifier_decode import Done, GpuDecoding, Item
+from app.serve.classifier_decode import Done, GpuDecoding, Item, OnDevice, engine_logits, host_pixels
 from app.serve.classifier_report import ClassifierReport
 from app.serve.metrics import ClassifierMetrics
 from app.serve.profiling_twin import ProfilingTwin
@@ -37,15 +37,6 @@ def _flush_log() -> None:
     CUDA graphs) is in the replica's log file when it starts serving, not after its thousandth request."""
     for handler in logger.handlers:
         handler.flush()
-
-
-def _rows(item: Item, decoded: Pixels | ServiceError | None, shape: tuple[int, ...]) -> np.ndarray:
-    """The item's rows of the engine's batch: its pixels, or what its images decoded to (none if they did not)."""
-    if item.pixels is not None:
-        return item.pixels
-    if isinstance(decoded, Pixels):
-        return decoded.array
-    return np.zeros((0, *shape), np.uint8)
 
 
 def _ms(seconds: float) -> float:
@@ -269,34 +260,33 @@ class Classifier(GpuDecoding, ClassifierReport):
 
     async def _run_batch(self, items: list[Item]) -> list[Done]:
         arrived = time.perf_counter()
-        decoded = await self._decode_batch(items, self._executor)  # decode_in: gpu: the whole batch in one call
-        started = time.perf_counter()
-        arrays = [_rows(it, d, self.io.transform.shape) for it, d in zip(items, decoded, strict=True)]
-        x = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-        # Engines release the GIL; running them off the event loop keeps requests flowing into the queue. With CUDA
-        # graphs the engine's own slot threads run the batch: its graphs live on them (app/runtime/graphs.py).
-        executor = getattr(self.engine, "executor", None) or self._executor
-        loop = asyncio.get_running_loop()
-        logits = await loop.run_in_executor(executor, self._infer, x) if len(x) else np.zeros((0, len(self.io.labels)))
+        with self._device_batch(items) as batch:  # decode_in: gpu, device mode: the batch's pixels stay on the device
+            decoded = await self._decode_batch(items, self._executor, batch)  # the whole batch in one call
+            started = time.perf_counter()
+            x, picks = self._engine_input(items, decoded, batch)
+            # Engines release the GIL; running them off the event loop keeps requests flowing into the queue. With CUDA
+            # graphs the engine's own slot threads run the batch: its graphs live on them (app/runtime/graphs.py).
+            executor = getattr(self.engine, "executor", None) or self._executor
+            loop = asyncio.get_running_loop()
+            n = len(x)
+            logits = await loop.run_in_executor(executor, self._infer, x) if n else np.zeros((0, len(self.io.labels)))
         inference_ms = _ms(time.perf_counter() - started)
-        if len(x):
-            self.metrics.record_batch(self.variant, len(x), inference_ms)
-        out, row = [], 0
-        for it, array, d in zip(items, arrays, decoded, strict=True):
+        if n:
+            self.metrics.record_batch(self.variant, n, inference_ms)
+        out = []
+        for it, pick, d in zip(items, picks, decoded, strict=True):
             queue_ms = _ms(arrived - it.arrived)
-            n = len(array)
             if isinstance(d, ServiceError):
-                out.append(Done(logits[:0], queue_ms, 0.0, len(x), error=d))
+                out.append(Done(logits[:0], queue_ms, 0.0, n, error=d))
             else:
-                out.append(Done(logits[row : row + n], queue_ms, inference_ms, len(x), d))
-            row += n
+                out.append(Done(logits[pick], queue_ms, inference_ms, n, d))
         return out
 
-    def _infer(self, x: np.ndarray) -> np.ndarray:
+    def _infer(self, x: np.ndarray | OnDevice) -> np.ndarray:
         profiler = self._profile.take() if self._profile is not None else None
         if profiler is not None:
             try:
-                return profiler.logits(x)
+                return profiler.logits(host_pixels(x))
             finally:
                 self._profile.done_one()  # type: ignore[union-attr]
-        return self.engine.logits(x)
+        return engine_logits(self.engine, x)

@@ -5,13 +5,22 @@ ride the same dynamic batch as everyone else's, one `GpuPixels` call decodes the
 JPEGs by the GPU's decoders, the rest by the CPU path, per-image errors as the Preprocessor gives them), and the
 engine runs on what decoded. An image not decoded by the caller's deadline is not started: the request fails with
 inference_timeout (503), as a Preprocessor's would.
+
+The device mode (chosen at start, `open_device_batches`): the batch's images are decoded into ONE pooled `DeviceBatch`
+(app/runtime/device_batch.py), the engine's input buffer, and the engine reads it in place (`OrtEngine.run_device`):
+the model's pixels never cross to the host, only the logits do. Only for an ONNX Runtime engine whose input sits where
+the transform writes (the GPU, nvImageCodec; the CPU, the stand-in decoder), and only after the warm-up's JPEGs gave
+the host mode's logits through it; otherwise the replica serves in the host mode (the transform's pixels to the host,
+concatenated, copied up by the engine) and says why: `describe_decode()["device_batch"]` and the start-up log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,8 +31,10 @@ from app.errors import ServiceError
 from app.imaging.decode_budget import slots_for
 from app.imaging.payloads import Encoded, Pixels
 from app.imaging.transform import Transform
-from app.runtime.cuda_transform import DECODER_ENV, decoder_factory, open_gpu_pixels
-from app.runtime.gpu_pixels import GpuPixels
+from app.runtime.cuda_transform import DECODER_ENV, STANDIN, decoder_factory, open_gpu_pixels
+from app.runtime.device_batch import Copier, CudaCopier, DeviceBatch, DevicePool, HostCopier
+from app.runtime.gpu_pixels import DeviceRows, GpuPixels
+from app.runtime.graphs import CONTEXT_BROKEN
 
 if TYPE_CHECKING:
     from app.config import AppArgs, ClassifierConfig
@@ -54,8 +65,23 @@ class Done:
     queue_ms: float
     inference_ms: float
     batch_size: int
-    decoded: Pixels | None = None  # decode_in: gpu: what the batch decoded of the item's images
+    decoded: Pixels | DeviceRows | None = None  # decode_in: gpu: what the batch decoded of the item's images
     error: ServiceError | None = None  # the item's deadline passed before its decode
+
+
+@dataclass
+class OnDevice:
+    """An engine batch in a DeviceBatch: its first n rows (holes included)."""
+
+    batch: DeviceBatch
+    n: int
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class DeviceModeOff(Exception):
+    """Why a replica decodes in the host mode."""
 
 
 class GpuDecoding:
@@ -67,10 +93,14 @@ class GpuDecoding:
     metrics: ClassifierMetrics
     gpu_pixels: GpuPixels | None
     decoder_kind: str
+    engine: Any
 
     def _check_gpu_decode(self) -> None:
         """At start: decode_in: gpu needs a GPU here (or the host stand-in, APP_GPU_DECODER=standin: tests only)."""
         self.gpu_pixels, self.decoder_kind = None, ""
+        self.device_pool: DevicePool | None = None  # the device mode's buffers (None: the host mode)
+        self.device_off = "not chosen yet"
+        self._device_for: Any = None  # the engine the device mode was decided for
         if self.args.decode_in != "gpu":
             return
         kind, _ = decoder_factory()
@@ -84,26 +114,67 @@ class GpuDecoding:
 
     def _open_gpu_decode(self, cfg: ClassifierConfig) -> None:
         """Once, at the first reconfigure: the decoder (its GPU memory preallocated for a full batch), the transform
-        on the GPU, the CPU path's threads (the replica's CPUs); then one batch decoded, before any request."""
-        if not self.decoder_kind or self.gpu_pixels is not None:
+        on the GPU, the CPU path's threads (the replica's CPUs); then one batch decoded, before any request. For each
+        engine opened (the first, and one a live change opened again): the device mode or the host mode, checked."""
+        if not self.decoder_kind:
             return
-        transform = self.io.transform
-        executor = ThreadPoolExecutor(slots_for(self.num_cpus), thread_name_prefix="cpu-decode")
-        started = time.perf_counter()
-        self.gpu_pixels = open_gpu_pixels(transform, self.args.limits, self.num_cpus, cfg.max_batch_size, 0, executor)
-        self.gpu_pixels([[_warm_jpeg(transform)] * min(cfg.max_batch_size, 4)])
-        self.gpu_pixels.reset_counts()
-        logger.info(
-            "Classifier_%s decodes its batches (decode_in: gpu, decoder %s), ready in %.1fs",
-            self.variant,
-            self.decoder_kind,
-            time.perf_counter() - started,
-        )
+        if self.gpu_pixels is None:
+            transform = self.io.transform
+            executor = ThreadPoolExecutor(slots_for(self.num_cpus), thread_name_prefix="cpu-decode")
+            started = time.perf_counter()
+            self.gpu_pixels = open_gpu_pixels(
+                transform, self.args.limits, self.num_cpus, cfg.max_batch_size, 0, executor
+            )
+            self.gpu_pixels([[_warm_jpeg(transform)] * min(cfg.max_batch_size, 4)])
+            logger.info(
+                "Classifier_%s decodes its batches (decode_in: gpu, decoder %s), ready in %.1fs",
+                self.variant,
+                self.decoder_kind,
+                time.perf_counter() - started,
+            )
+        if self._device_for is not self.engine:  # at start, and for an engine opened again
+            self._device_for = self.engine
+            self._choose_device_mode(cfg.max_batch_size)
+            self.gpu_pixels.reset_counts()  # /v1/models counts what requests brought
 
-    def _decode_items(self, items: list[Item]) -> list[Pixels | ServiceError | None]:
-        """Per item: its decoded Pixels, its ServiceError (the deadline passed), or None (it came as pixels). In the
-        batch's thread; one decode call for every encoded item of the batch."""
-        out: list[Pixels | ServiceError | None] = [None] * len(items)
+    def _choose_device_mode(self, max_batch: int) -> None:
+        """The device mode if this engine can read a DeviceBatch and the warm-up's JPEGs give through it what they give
+        in the host mode; else the host mode, saying why."""
+        assert self.gpu_pixels is not None
+        try:
+            pool = open_device_batches(self.engine, self.gpu_pixels, self.decoder_kind, max_batch)
+            check_device_mode(self.gpu_pixels, self.engine, pool, warm_jpegs(self.io.transform, min(max_batch, 4)))
+        except Exception as e:  # DeviceModeOff, or anything the check met: never worse than the host mode
+            if any(sign in str(e) for sign in CONTEXT_BROKEN):  # the host mode cannot serve either
+                raise RuntimeError(f"Classifier_{self.variant}: the device mode's check broke the CUDA context") from e
+            why = str(e) if isinstance(e, DeviceModeOff) else f"the start-up check failed: {type(e).__name__}: {e}"
+            self.device_pool, self.device_off = None, why.strip().splitlines()[0][:300]
+            logger.warning(
+                "Classifier_%s: the model's pixels go through host memory (decode_in: gpu, host mode): %s",
+                self.variant,
+                self.device_off,
+            )
+            return
+        self.device_pool, self.device_off = pool, ""
+        logger.info("Classifier_%s: decoded batches feed the engine on the device (device mode)", self.variant)
+
+    @contextlib.contextmanager
+    def _device_batch(self, items: list[Item]) -> Iterator[DeviceBatch | None]:
+        """The device mode: a pooled DeviceBatch for the batch, given back when it is done (an exception included);
+        None in the host mode, or for a batch with no encoded item."""
+        pool = self.device_pool
+        if pool is None or all(it.encoded is None for it in items):
+            yield None
+            return
+        with pool.take(sum(len(it) for it in items)) as batch:
+            yield batch
+
+    def _decode_items(
+        self, items: list[Item], batch: DeviceBatch | None = None
+    ) -> list[Pixels | DeviceRows | ServiceError | None]:
+        """Per item: its decoded Pixels (or, into `batch`, its DeviceRows), its ServiceError (the deadline passed), or
+        None (it came as pixels). In the batch's thread; one decode call for every encoded item of the batch."""
+        out: list[Pixels | DeviceRows | ServiceError | None] = [None] * len(items)
         now = time.time()
         todo = []
         for i, it in enumerate(items):
@@ -113,7 +184,13 @@ class GpuDecoding:
                 out[i] = ServiceError("inference_timeout", "the deadline passed before the images were decoded")
             else:
                 todo.append(i)
-        if todo:
+        if todo and batch is not None:
+            assert self.gpu_pixels is not None, "decode_in: gpu opens the decoder at start"
+            rows, counts = self.gpu_pixels.into([items[i].encoded or [] for i in todo], batch)
+            self.metrics.record_decode(self.variant, counts)
+            for i, r in zip(todo, rows, strict=True):
+                out[i] = r
+        elif todo:
             assert self.gpu_pixels is not None, "decode_in: gpu opens the decoder at start"
             decoded, counts = self.gpu_pixels([items[i].encoded or [] for i in todo])
             self.metrics.record_decode(self.variant, counts)
@@ -146,22 +223,129 @@ class GpuDecoding:
             logits = logits[rows]
         return logits, errors, positions, preprocess_ms
 
-    async def _decode_batch(self, items: list[Item], executor: Executor | None) -> list[Pixels | ServiceError | None]:
+    async def _decode_batch(
+        self, items: list[Item], executor: Executor | None, batch: DeviceBatch | None = None
+    ) -> list[Pixels | DeviceRows | ServiceError | None]:
         if all(it.encoded is None for it in items):
             return [None] * len(items)
-        return await asyncio.get_running_loop().run_in_executor(executor, self._decode_items, items)
+        return await asyncio.get_running_loop().run_in_executor(executor, self._decode_items, items, batch)
+
+    def _engine_input(
+        self, items: list[Item], decoded: list[Pixels | DeviceRows | ServiceError | None], batch: DeviceBatch | None
+    ) -> tuple[np.ndarray | OnDevice, list[slice | list[int]]]:
+        """The engine's batch (host pixels concatenated, or the DeviceBatch's rows) and each item's rows of it."""
+        picks: list[slice | list[int]] = []
+        if batch is None:
+            shape = self.io.transform.shape
+            arrays = [_rows(it, d, shape) for it, d in zip(items, decoded, strict=True)]
+            row = 0
+            for array in arrays:
+                picks.append(slice(row, row + len(array)))
+                row += len(array)
+            return (arrays[0] if len(arrays) == 1 else np.concatenate(arrays)), picks
+        for it, d in zip(items, decoded, strict=True):
+            if it.pixels is not None:  # host pixels in a device batch (not sent with decode_in: gpu today): copied up
+                rows = [batch.claim() for _ in range(len(it.pixels))]
+                for r, pixels in zip(rows, it.pixels, strict=True):
+                    batch.upload(r, pixels)
+                picks.append(rows)
+            else:
+                picks.append(d.rows if isinstance(d, DeviceRows) else [])
+        return OnDevice(batch, batch.used), picks
 
     def describe_decode(self) -> dict[str, Any] | None:
         if self.gpu_pixels is None:
             return None
-        return {"where": "gpu", "decoder": self.decoder_kind, "images": self.gpu_pixels.counts()}
+        device = {"active": self.device_pool is not None} | ({"off": self.device_off} if self.device_off else {})
+        return {
+            "where": "gpu",
+            "decoder": self.decoder_kind,
+            "images": self.gpu_pixels.counts(),
+            "device_batch": device,
+        }
+
+
+def _rows(item: Item, decoded: Pixels | DeviceRows | ServiceError | None, shape: tuple[int, ...]) -> np.ndarray:
+    """The host mode: the item's rows of the engine's batch, its pixels or what its images decoded to (none if they
+    did not)."""
+    if item.pixels is not None:
+        return item.pixels
+    if isinstance(decoded, Pixels):
+        return decoded.array
+    return np.zeros((0, *shape), np.uint8)
+
+
+def host_pixels(x: np.ndarray | OnDevice) -> np.ndarray:
+    """The engine batch as numpy (the device mode's rows copied to the host: for the profiling twin)."""
+    return x.batch.host(x.n) if isinstance(x, OnDevice) else x
+
+
+def engine_logits(engine: Any, x: np.ndarray | OnDevice) -> np.ndarray:
+    """The engine's logits for the batch, read in place when it is on the device and the engine can (ONNX Runtime)."""
+    if not isinstance(x, OnDevice):
+        return np.asarray(engine.logits(x))
+    run_device = getattr(engine, "run_device", None)
+    if run_device is None:
+        return np.asarray(engine.logits(host_pixels(x)))
+    return np.asarray(run_device(x.batch, x.n, [engine.spec.output_names[0]])[0])
+
+
+def open_device_batches(engine: Any, gp: GpuPixels, decoder_kind: str, max_batch: int) -> DevicePool:
+    """The device mode's pool for `engine`: one DeviceBatch per batch running at once, where the transform writes
+    and the engine reads. DeviceModeOff says why not."""
+    where = engine.device_input() if callable(getattr(engine, "device_input", None)) else None
+    if not callable(getattr(engine, "run_device", None)):
+        raise DeviceModeOff(f"the engine ({getattr(engine, 'name', type(engine).__name__)}) is not ONNX Runtime")
+    if where is None:
+        raise DeviceModeOff(f"the engine's input is {engine.spec.input_dtype}, not the model's uint8 pixels")
+    kind, device_id = where
+    if tuple(engine.spec.sample_shape()) != tuple(gp.shape):
+        raise DeviceModeOff(f"the engine takes {engine.spec.sample_shape()} per image, the transform gives {gp.shape}")
+    if not gp.writes_in_place:
+        raise DeviceModeOff("the transform cannot write into a device batch")
+    copier: Copier
+    if decoder_kind == STANDIN:
+        if kind != "cpu":
+            raise DeviceModeOff("the stand-in decoder's transform writes host memory; the engine reads the GPU's")
+        copier = HostCopier()
+    else:
+        transform_device = getattr(gp.transform, "device_id", None)
+        if kind != "cuda" or transform_device != device_id:
+            raise DeviceModeOff(f"the engine reads {kind}:{device_id}, the transform writes cuda:{transform_device}")
+        copier = CudaCopier(int(getattr(gp.transform, "stream", 0)))
+    shape = tuple(gp.shape)
+    return DevicePool(lambda rows: DeviceBatch(rows, shape, kind, device_id, copier), engine.rows_for, max_batch)
+
+
+# The warm-up's logits through the device mode against the host mode's, relative to the largest: the same JPEGs, the
+# same decoder and transform, the same session and padded shape, so only a kernel's run-to-run rounding may differ
+# (graphs.CHECK_RTOL's reasoning); a row read from the wrong place is off by the logits' own size.
+DEVICE_CHECK_RTOL = 1e-2
+
+
+def check_device_mode(gp: GpuPixels, engine: Any, pool: DevicePool, jpegs: list[bytes]) -> None:
+    """The JPEGs decoded both ways: the device mode's logits must be the host mode's (DeviceModeOff if not)."""
+    (host,), _ = gp([jpegs])
+    want = engine_logits(engine, host.array)
+    with pool.take(len(jpegs)) as batch:
+        (rows,), _ = gp.into([jpegs], batch)
+        got = engine_logits(engine, OnDevice(batch, batch.used))[rows.rows]
+    if rows.positions != host.positions or got.shape != want.shape:
+        raise DeviceModeOff(
+            f"the warm-up decoded rows {rows.positions} in the device mode, {host.positions} in the host's"
+        )
+    gap = float(np.max(np.abs(got.astype(np.float64) - want), initial=0.0))
+    if not np.isfinite(gap) or gap > DEVICE_CHECK_RTOL * max(1.0, float(np.max(np.abs(want), initial=0.0))):
+        raise DeviceModeOff(
+            f"the warm-up's logits through the device batch differ from the host mode's (max gap {gap:.3g})"
+        )
 
 
 def encoded_chunks(encoded: Encoded, step: int) -> list[list[bytes]]:
     return [encoded.images[i : i + step] for i in range(0, len(encoded.images), step)]
 
 
-def merge_decoded(chunks: list[Pixels]) -> tuple[dict[int, ServiceError], list[int], float]:
+def merge_decoded(chunks: Sequence[Pixels | DeviceRows]) -> tuple[dict[int, ServiceError], list[int], float]:
     """The chunks of one request, decoded in (possibly) several batches: its errors and row positions in request
     order, and the longest decode."""
     errors: dict[int, ServiceError] = {}
@@ -184,4 +368,29 @@ def _warm_jpeg(t: Transform) -> bytes:
     return bytes(data)
 
 
-__all__ = ["Done", "GpuDecoding", "Item", "encoded_chunks", "merge_decoded"]
+def warm_jpegs(t: Transform, n: int) -> list[bytes]:
+    """n different JPEGs of the model's input size (noise, one seed each): rows that a mix-up would tell apart."""
+    from app.imaging.opencv import cv2
+
+    out = []
+    for seed in range(max(n, 1)):
+        image = np.random.default_rng(seed).integers(0, 256, (max(t.height, 16), max(t.width, 16), 3), np.uint8)
+        ok, data = cv2.imencode(".jpg", image)
+        assert ok
+        out.append(bytes(data))
+    return out
+
+
+__all__ = [
+    "Done",
+    "GpuDecoding",
+    "Item",
+    "OnDevice",
+    "check_device_mode",
+    "encoded_chunks",
+    "engine_logits",
+    "host_pixels",
+    "merge_decoded",
+    "open_device_batches",
+    "warm_jpegs",
+]
