@@ -185,17 +185,8 @@ class GraphRunner:
         """The outputs for `batch`. A replay runs on a slot's own thread: inline on one of them (the Classifier runs its
         batches on `executor`), else handed to the pool and waited for."""
         fits = batch.shape[1:] == self.io.sample_shape and batch.dtype == self.io.dtype
-        bucket = self.table.get(len(batch)) if fits else None
-        if bucket is None:
-            with self.gate.shared():
-                return self.plain(batch, list(outputs))
-        slot = self.slot_here()
-        if slot is None:
-            return self.executor.submit(self.run, batch, outputs).result()
-        with self.gate.shared():
-            if slot.off or bucket not in slot.buckets:
-                return self.plain(batch, list(outputs))
-            return self._replay(slot.buckets[bucket], batch, outputs)
+        plain = functools.partial(self.plain, batch, list(outputs))
+        return self._dispatch(len(batch), fits, lambda b: fill_from_host(b, batch), outputs, plain)
 
     def run_device(
         self,
@@ -209,25 +200,34 @@ class GraphRunner:
         n rows into a bucket's input buffer x (device to device, landed when it returns) instead of update_inplace;
         `plain()` runs it on the plain session."""
         fits = sample_shape == self.io.sample_shape and self.io.dtype == np.uint8
+        return self._dispatch(n, fits, lambda b: fill(b.x), outputs, plain)
+
+    def _dispatch(
+        self,
+        n: int,
+        fits: bool,
+        fill: Callable[[_Bucket], None],
+        outputs: Sequence[str],
+        plain: Callable[[], list[np.ndarray]],
+    ) -> list[np.ndarray]:
+        """A bucket's graph on this slot's thread (`fill` puts the n rows in its input), or the plain session."""
         bucket = self.table.get(n) if fits else None
         if bucket is None:
             with self.gate.shared():
                 return plain()
         slot = self.slot_here()
         if slot is None:
-            return self.executor.submit(self.run_device, n, sample_shape, fill, outputs, plain).result()
+            return self.executor.submit(self._dispatch, n, fits, fill, outputs, plain).result()
         with self.gate.shared():
             if slot.off or bucket not in slot.buckets:
                 return plain()
             chosen = slot.buckets[bucket]
-            fill(chosen.x)
+            fill(chosen)
             return self._run_bucket(chosen, n, outputs)
 
     def _replay(self, bucket: _Bucket, batch: np.ndarray, outputs: Sequence[str]) -> list[np.ndarray]:
-        n = len(batch)
-        bucket.host[:n] = batch
-        bucket.x.update_inplace(bucket.host)
-        return self._run_bucket(bucket, n, outputs)
+        fill_from_host(bucket, batch)
+        return self._run_bucket(bucket, len(batch), outputs)
 
     def _run_bucket(self, bucket: _Bucket, n: int, outputs: Sequence[str]) -> list[np.ndarray]:
         bucket.session.run_with_iobinding(bucket.binding)
@@ -267,7 +267,7 @@ class GraphRunner:
             except Exception as e:  # a replay failing after its check: no graphs, said so
                 self.table = {}
                 for slot in self._slots:
-                    self._turn_off(slot, f"timing failed: {_first_line(e)}")
+                    turn_off(self.label, slot, f"timing failed: {_first_line(e)}")
                 _fail_if_context_broken(e)
         self.prepared = True
         self.prepare_s = time.perf_counter() - t0
@@ -294,7 +294,7 @@ class GraphRunner:
             for size in buckets:
                 slot.buckets[size] = self._capture(size)
         except Exception as e:  # ORT's Fail/RuntimeError from CUDA, a failed check: serve plain, say why
-            self._turn_off(slot, f"capture failed: {_first_line(e)}")
+            turn_off(self.label, slot, f"capture failed: {_first_line(e)}")
             _fail_if_context_broken(e)
 
     def _capture(self, size: int) -> _Bucket:
@@ -305,7 +305,7 @@ class GraphRunner:
         binding.bind_ortvalue_input(self.io.input_name, x)
         for (name, _, _), y in zip(self.io.outputs, ys, strict=True):
             binding.bind_ortvalue_output(name, y)
-        bucket = _Bucket(size, session, binding, x, ys, self._random(size))
+        bucket = _Bucket(size, session, binding, x, ys, random_batch(self.io, size))
         with self.gate.shared():
             x.update_inplace(bucket.host)
         # ORT runs regularly (the arena grows to this shape) until the graph may be captured, captures it and replays
@@ -318,7 +318,7 @@ class GraphRunner:
 
     def _check(self, bucket: _Bucket) -> None:
         """A replay on a fresh input gives what the plain session gives, or the capture did not take."""
-        fresh = self._random(bucket.size, seed=bucket.size + 7)
+        fresh = random_batch(self.io, bucket.size, seed=bucket.size + 7)
         name = self.io.outputs[0][0]
         got = self._replay(bucket, fresh, [name])[0]
         want = self.plain(fresh, [name])[0]
@@ -337,12 +337,12 @@ class GraphRunner:
 
         def plain(n: int) -> float:
             if n not in plain_ms:
-                plain_ms[n] = _median_ms(functools.partial(self.plain, self._random(n), [name]))
+                plain_ms[n] = _median_ms(functools.partial(self.plain, random_batch(self.io, n), [name]))
             return plain_ms[n]
 
         lower = 1
         for size, bucket in sorted(slot.buckets.items()):
-            replay = functools.partial(self._replay, bucket, self._random(size), [name])
+            replay = functools.partial(self._replay, bucket, random_batch(self.io, size), [name])
             bucket.replay_ms = graph = _median_ms(replay)
             lo, hi = lower, min(size, max_batch)  # the sizes this bucket serves: is the graph faster from lo? ...
             first = hi + 1  # the smallest size it wins at (hi + 1: none)
@@ -355,19 +355,6 @@ class GraphRunner:
             table |= {n: size for n in range(first, min(size, max_batch) + 1)}
             lower = size + 1
         return table, plain_ms
-
-    def _turn_off(self, slot: _Slot, why: str) -> None:
-        """The slot serves without graphs from here on, on the plain session; its graph sessions go (after a failed
-        capture their stream and per-thread state are not to be trusted)."""
-        slot.off, slot.buckets = why, {}
-        logger.warning("%sCUDA graphs off on slot %d: %s", f"{self.label}: " if self.label else "", slot.index, why)
-
-    def _random(self, n: int, seed: int = 0) -> np.ndarray:
-        rng = np.random.default_rng(seed + n)
-        shape = (n, *self.io.sample_shape)
-        if np.issubdtype(self.io.dtype, np.integer):
-            return rng.integers(0, 256, shape).astype(self.io.dtype)
-        return rng.standard_normal(shape).astype(self.io.dtype)
 
     # -- reporting ------------------------------------------------------------------------------
 
@@ -404,6 +391,27 @@ class GraphRunner:
         self.executor.shutdown(wait=False)
         for slot in self._slots:
             slot.buckets = {}
+
+
+def turn_off(label: str, slot: _Slot, why: str) -> None:
+    """The slot serves without graphs from here on, on the plain session; its graph sessions go (after a failed
+    capture their stream and per-thread state are not to be trusted)."""
+    slot.off, slot.buckets = why, {}
+    logger.warning("%sCUDA graphs off on slot %d: %s", f"{label}: " if label else "", slot.index, why)
+
+
+def fill_from_host(bucket: _Bucket, batch: np.ndarray) -> None:
+    """A host batch into a bucket's device input (update_inplace: copied, then the default stream synchronised)."""
+    bucket.host[: len(batch)] = batch
+    bucket.x.update_inplace(bucket.host)
+
+
+def random_batch(io: GraphIO, n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed + n)
+    shape = (n, *io.sample_shape)
+    if np.issubdtype(io.dtype, np.integer):
+        return rng.integers(0, 256, shape).astype(io.dtype)
+    return rng.standard_normal(shape).astype(io.dtype)
 
 
 def _first_line(e: Exception) -> str:
