@@ -47,11 +47,12 @@ def cluster() -> Iterator[Cluster]:
     c.shutdown()
 
 
-def write_config(model_files: ModelFiles, path: Path, engine: str | None = None) -> Path:
+def write_config(model_files: ModelFiles, path: Path, engine: str | None = None, **args: Any) -> Path:
     cfg = copy.deepcopy(local_config(model_files))
     if engine is not None:
         for v in cfg["applications"][0]["args"]["variants"].values():
             v["engine"] = engine
+    cfg["applications"][0]["args"] |= args
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -85,6 +86,12 @@ def test_score_writes_a_row_per_image_and_variant_with_the_apis_answers_and_erro
     for variant, got in by_variant.items():
         model = Path(args.variants[variant].model_path)
         assert {r["model_sha256"] for r in got.values()} == {hashlib.sha256(model.read_bytes()).hexdigest()}
+        # local.yaml's gate (int8 against fp32, warn): the verdict of the actor's node on the int8 rows, none on fp32's
+        gates = {r["speed_gate"] for r in got.values()}
+        if variant == "fp32":
+            assert gates == {None}
+        else:
+            assert len(gates) == 1 and next(iter(gates)).startswith("speed gate: int8 does "), gates
         for name, code in codes.items():
             assert got[name]["error_code"] == code and got[name]["error_message"], (variant, name)
             assert got[name]["class_ids"] is None
@@ -94,6 +101,21 @@ def test_score_writes_a_row_per_image_and_variant_with_the_apis_answers_and_erro
             assert r["scores"] == sorted(r["scores"], reverse=True) and 0 < r["scores"][0] <= 1
             if name in EXPECTED:
                 assert r["class_ids"][0] == EXPECTED[name], (variant, name, r["labels"])
+
+
+def test_a_failed_speed_gate_with_action_fail_fails_the_job_naming_the_variant(
+    cluster: Cluster, model_files: ModelFiles, tmp_path: Path
+) -> None:
+    """As it fails a Classifier replica: the scoring actor raises, and Ray Data fails the job with its message."""
+    images = tmp_path / "images"
+    images.mkdir()
+    shutil.copy(sample_path("rocket"), images / "rocket.jpg")
+    gate = {"baseline": "fp32", "min_speedup": 1e9, "action": "fail"}  # a speed-up no measurement reaches
+    config = write_config(model_files, tmp_path / "local.yaml", engine="cpu", speed_gate=gate)
+    with pytest.raises(Exception) as failed:  # Ray's error for an actor that died in its constructor, wrapping ours
+        main(["score", str(config), "--input", str(images), "--output", str(tmp_path / "scores"), "--variants", "int8"])
+    message = str(failed.value)
+    assert "batch int8: speed gate: int8 does " in message and " (speed_gate.action: fail)" in message, message
 
 
 def test_evaluate_gives_the_accuracy_of_models_report_on_the_same_tree(

@@ -1,5 +1,5 @@
-"""app/batch/ without Ray: the sources, the decode's error rows, the pool's size, the evaluation report and the
-command line's refusals. Ray Data runs in tests/test_batch_cluster.py."""
+"""app/batch/ without Ray: the sources, the decode's error rows, the pool's size, the scoring actor's rows and its speed
+gate, the evaluation report and the command line's refusals. Ray Data runs in tests/test_batch_cluster.py."""
 
 from __future__ import annotations
 
@@ -16,14 +16,16 @@ import ray
 from app.batch.decoding import decode_batch
 from app.batch.evaluation import largest_drop, report, to_markdown
 from app.batch.pipeline import Job
+from app.batch.scoring import SCHEMA, Scorer, serve_variant
 from app.batch.sizing import Pool, size_pool
 from app.batch.sources import list_images
 from app.config import AppArgs, Limits
 from app.imaging.transform import Transform
+from app.model import ModelFiles
 from app.ops.batch_cli import main
 from app.toolchain.samples import sample_bytes
 from tests.batch_files import bad_files
-from tests.conftest import load_config
+from tests.conftest import load_config, local_config
 
 
 @pytest.fixture(autouse=True)
@@ -99,6 +101,60 @@ def test_the_pool_follows_the_gpus_or_leaves_half_the_cpus_to_decoding() -> None
     assert size_pool([{"CPU": 16.0}] * 4, local, largs, ["fp32"]).actors == 4
     with pytest.raises(ValueError, match="--actors"):
         size_pool([{"CPU": 2.0}], local, largs, ["fp32"], actors=0)
+
+
+def cpu_args(model_files: ModelFiles, **changes: Any) -> dict[str, Any]:
+    """configs/local.yaml's args (its speed gate: int8 against fp32, warn) on the real files, ONNX Runtime's CPU EP."""
+    args = local_config(model_files)["applications"][0]["args"]
+    for v in args["variants"].values():
+        v["engine"] = "cpu"
+    return dict(args, **changes)
+
+
+def test_the_scorer_carries_the_speed_gates_verdict_on_every_row_of_the_gated_variant(
+    model_files: ModelFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Context:  # the actor's own, stood in: one CPU granted, on node "n1"
+        def get_assigned_resources(self) -> dict[str, float]:
+            return {"CPU": 1.0}
+
+        def get_node_id(self) -> str:
+            return "n1"
+
+    monkeypatch.setattr(ray, "get_gpu_ids", lambda: [])
+    monkeypatch.setattr(ray, "get_runtime_context", Context)
+    scorer = Scorer(cpu_args(model_files), ["int8", "fp32"], top=5, batch_size=2, threads=1, declaration="{}")
+    batch = {
+        "path": np.array(["a.png", "b.png"], dtype=object),
+        "pixels": np.full((2, 224, 224, 3), 127, dtype=np.uint8),
+        "error_code": np.array(["", "undecodable_image"], dtype=object),
+        "error_message": np.array(["", "not an image"], dtype=object),
+        "decode_node": np.array(["n0", "n0"], dtype=object),
+        "decode_cpu_ms": np.array([1.0, 2.0]),
+    }
+    table = scorer(batch)
+    assert table.schema == SCHEMA and table.num_rows == 4
+    gates = {(r["variant"], r["path"]): r["speed_gate"] for r in table.to_pylist()}
+    assert gates[("fp32", "a.png")] is None and gates[("fp32", "b.png")] is None  # the baseline: no gate applies
+    assert gates[("int8", "a.png")] == gates[("int8", "b.png")]  # one verdict, on every row, error rows too
+    assert gates[("int8", "a.png")].startswith("speed gate: int8 does ")
+    assert " img/s at batch 2, fp32 does " in gates[("int8", "a.png")]
+
+
+def test_a_failed_speed_gate_with_action_fail_fails_the_actor_naming_the_variant(model_files: ModelFiles) -> None:
+    """A gate no measurement passes (1e9x): `fail` refuses the variant, as it fails a Classifier replica; `warn` lets it
+    score, its verdict on its rows."""
+    gate = {"baseline": "fp32", "min_speedup": 1e9}
+    args = AppArgs.model_validate(cpu_args(model_files, speed_gate=gate | {"action": "fail"}))
+    with pytest.raises(RuntimeError) as failed:
+        serve_variant(args, "int8", gpu=False, threads=1, batch_size=2)
+    message = str(failed.value)
+    assert message.startswith("batch int8: speed gate: int8 does ") and " is below min_speedup " in message
+    assert message.endswith(" (speed_gate.action: fail)")
+    warned = serve_variant(AppArgs.model_validate(cpu_args(model_files, speed_gate=gate)), "int8", False, 1, 2)
+    assert warned.speed_gate is not None and " is below min_speedup " in warned.speed_gate
+    assert warned.engine_name == "cpu" and warned.io.served.source == model_files.int8
+    warned.engine.close()
 
 
 def pool_batch(cfg: dict[str, Any]) -> int:

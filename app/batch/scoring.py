@@ -1,7 +1,8 @@
-"""The variants' engines in a Ray Data actor: each opened as a Classifier replica opens its own (app/serve/classifier.py
-`_open`: the declaration checked against the graph, `runtime_options` and the declared fallback, `open_engine`, the
-engine prepared for the batch size), so a node runs here what it would serve: TensorRT or CUDA where the actor was
-granted a GPU, OpenVINO or ONNX Runtime's CPU EP on a CPU. One output row per image and variant."""
+"""The variants' engines in a Ray Data actor: each opened and gated as a Classifier replica of one parallel batch opens
+and gates its own (app/runtime/open_variant.py: the declaration checked against the graph, `runtime_options` and the
+declared fallback, `open_engine`, the engine prepared for the batch size; then the speed gate), so a node runs here
+what it would serve: TensorRT or CUDA where the actor was granted a GPU, OpenVINO or ONNX Runtime's CPU EP on a CPU.
+One output row per image and variant."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ import pyarrow as pa
 import ray
 
 from app.config import AppArgs
-from app.model.model_io import ModelIO, model_io
-from app.runtime import Build, Engine, ModelLoadError, open_engine, threads_for, top_k
+from app.model.model_io import ModelIO
+from app.runtime import Engine, ModelLoadError, threads_for, top_k
+from app.runtime.open_variant import gate_failure, gate_variant, open_variant
 from app.runtime.select import model_sha256
-from app.runtime.variants import fallback_options, runtime_options
 
 # The Parquet file's columns, in order (docs/batch.md describes each).
 SCHEMA = pa.schema(
@@ -36,6 +37,7 @@ SCHEMA = pa.schema(
         ("error_message", pa.string()),
         ("decode_cpu_ms", pa.float64()),
         ("infer_cpu_ms", pa.float64()),
+        ("speed_gate", pa.string()),
     ]
 )
 
@@ -43,41 +45,35 @@ SCHEMA = pa.schema(
 @dataclass
 class Served:
     """One variant as this actor runs it: its engine, the I/O of the file that serves (the fallback's where it
-    serves), and what every row of it says about the model."""
+    serves), and what every row of it says about the model and the speed gate."""
 
     variant: str
     engine: Engine
     io: ModelIO
     sha256: str
     engine_name: str
+    speed_gate: str | None = None  # the gate's verdict (None: no gate applies to the variant)
 
 
-def open_variant(args: AppArgs, variant: str, gpu: bool, threads: int, batch_size: int) -> Served:
-    """`variant`'s engine as a Classifier replica of one parallel batch would open it here."""
-    where = f"batch {variant}: variants.{variant}.model_path"
-    path = args.resolved_path(args.variants[variant].model_path)
-    io = model_io(args.model, path, where)
-    opts = runtime_options(args, variant, gpu, threads, 1)
-    fallback, fallback_io, fallback_error = None, None, ""
-    declared = fallback_options(args, variant, gpu, threads, 1)
-    if declared is not None:  # as the Classifier: a fallback that fails its checks is refused only where it would serve
-        fb_path, fb_opts = declared
-        try:
-            fallback_io = model_io(args.model, fb_path, f"batch {variant}: variants.{variant}.fallback.model_path")
-            fallback = Build(str(fallback_io.served.path), fb_opts)
-        except (ValueError, OSError) as e:
-            fallback, fallback_error = Build(str(fb_path), fb_opts), str(e)
+def serve_variant(args: AppArgs, variant: str, gpu: bool, threads: int, batch_size: int) -> Served:
+    """`variant`'s engine as a Classifier replica of one parallel batch would open it here, and its speed gate's
+    verdict, judged as that replica judges it: RuntimeError naming the variant when no engine opens, or when the
+    gate has `action: fail` and fails."""
+    name = f"batch {variant}"
     try:
-        opened = open_engine(variant, str(io.served.path), opts, batch_size, fallback)
-        opened.engine.prepare(batch_size)
+        o = open_variant(args, variant, gpu, threads, 1, batch_size, name=name)
     except ModelLoadError as e:
-        raise RuntimeError(f"batch {variant}: {e}") from e
-    if opened.serving is not None and fallback_io is None:
-        opened.engine.close()
-        raise RuntimeError(f"{opened.serving.line(variant)}, but {fallback_error}")
-    if opened.serving is not None and fallback_io is not None and declared is not None:
-        io, path = fallback_io, declared[0]  # the declared fallback serves (open_engine logged why)
-    return Served(variant, opened.engine, io, model_sha256(str(path), 0), opened.engine.name)
+        raise RuntimeError(f"{name}: {e}") from e
+    engine = o.opened.engine
+    try:  # the verdict logged as a replica logs it (run_speed_gate, on the "ray.serve" logger: the actor's log)
+        verdict = gate_variant(args, variant, engine, gpu, threads, 1, batch_size)
+        if (failure := gate_failure(verdict)) is not None:
+            raise RuntimeError(f"{name}: {failure}")
+    except BaseException:
+        engine.close()
+        raise
+    sha256 = model_sha256(str(o.io.served.source), 0)
+    return Served(variant, engine, o.io, sha256, engine.name, verdict.message if verdict is not None else None)
 
 
 class Scorer:
@@ -94,7 +90,7 @@ class Scorer:
         self.top = top
         self.node = ray.get_runtime_context().get_node_id()
         self.declaration = declaration
-        self.served = [open_variant(self.args, v, gpu, threads, batch_size) for v in variants]
+        self.served = [serve_variant(self.args, v, gpu, threads, batch_size) for v in variants]
 
     def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         codes = [str(c) for c in batch["error_code"]]
@@ -121,6 +117,7 @@ class Scorer:
                 columns["error_message"].append(str(batch["error_message"][i]) or None)
                 columns["decode_cpu_ms"].append(float(batch["decode_cpu_ms"][i]))
                 columns["infer_cpu_ms"].append(share if picked is not None else 0.0)
+                columns["speed_gate"].append(s.speed_gate)
         return pa.Table.from_pydict(columns, schema=SCHEMA)
 
     def _top(self, s: Served, pixels: np.ndarray) -> list[list[tuple[int, float]]]:

@@ -130,7 +130,8 @@ class SpeedGateArgs(_Strict):
     min_speedup: float = Field(1.2, gt=0, description="variant img/s / baseline img/s at max_batch_size")
     action: Literal["warn", "fail"] = Field(
         "warn",
-        description="warn: a log line, a metric and a flag in /v1/models; fail: the slower variant's replicas fail",
+        description="warn: a log line, a metric and a flag in /v1/models (a column in `python -m app.batch score`'s "
+        "Parquet); fail: the slower variant's replicas fail, and so does a batch job that scores it",
     )
 
 

@@ -8,6 +8,7 @@ capture_gate.py     the process-wide gate that keeps every GPU call out of a CUD
 fallback.py         a variant's declared fallback build, when its own needs TensorRT and TensorRT is not here
 openvino_engine.py  OpenVINO's CPU runtime
 select.py           plan -> built engine(s) -> checked -> the fastest kept
+open_variant.py     a variant opened as a replica opens it (its fallback, the engine prepared) and its speed gate
 measure.py          throughput at warm-up and the speed gate's verdict
 startup.py          a replica's start: the engine opened, warmed up, measured, gated, reported
 profiling.py        ONNX Runtime's profile of a run, summarised

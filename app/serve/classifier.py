@@ -18,10 +18,9 @@ from app.config import AppArgs, ClassifierConfig
 from app.errors import ServiceError
 from app.imaging.payloads import Encoded, Pixels, Scores
 from app.model.model_io import ModelIO, check_transform, model_io
-from app.model.prologue import served_model
-from app.runtime import Build, ModelLoadError, Opened, open_engine, threads_for, top_k
-from app.runtime.startup import StartupReport, run_speed_gate, start_report
-from app.runtime.variants import fallback_options, runtime_options, speed_gate_for
+from app.runtime import ModelLoadError, Opened, threads_for, top_k
+from app.runtime.open_variant import gate_failure, gate_variant, open_variant
+from app.runtime.startup import StartupReport, start_report
 from app.serve.classifier_decode import Done, GpuDecoding, Item, OnDevice, engine_logits, host_pixels
 from app.serve.classifier_report import ClassifierReport
 from app.serve.metrics import ClassifierMetrics
@@ -62,10 +61,7 @@ class Classifier(GpuDecoding, ClassifierReport):
         where = f"Classifier_{variant}: variants.{variant}.model_path"
         self.io: ModelIO = model_io(self.args.model, path, where)
         check_transform(transform, self.io.transform, where)
-        self.model_path = str(self.io.served.path)
         self.requested_io = self.io  # self.io becomes the fallback's when the variant's declared fallback serves
-        self._fallback_io: ModelIO | None = None
-        self._fallback_error: str | None = None
         resources = ray.get_runtime_context().get_assigned_resources()
         self.num_cpus = float(resources.get("CPU", 1.0))
         self.gpu = bool(ray.get_gpu_ids())
@@ -127,52 +123,21 @@ class Classifier(GpuDecoding, ClassifierReport):
             and (cfg.max_concurrent_batches != self.cfg.max_concurrent_batches)
         )
 
-    def _fallback(self, streams: int) -> Build | None:
-        """The variant's declared fallback build, as this replica would run it (None: it declares none). A fallback
-        file that fails the declaration's checks is reported only where it would serve (`_serving_io`)."""
-        self._fallback_io, self._fallback_error = None, None
-        declared = fallback_options(self.args, self.variant, self.gpu, self.threads, streams)
-        if declared is None:
-            return None
-        path, opts = declared
-        where = f"Classifier_{self.variant}: variants.{self.variant}.fallback.model_path"
-        try:
-            self._fallback_io = model_io(self.args.model, path, where)
-        except (ValueError, OSError) as e:
-            self._fallback_error = str(e)
-            return Build(str(path), opts)
-        return Build(str(self._fallback_io.served.path), opts)
-
-    def _serving_io(self, opened: Opened) -> ModelIO:
-        """The declared model's I/O of what runs: the fallback's when it serves (which must have passed its checks)."""
-        if opened.serving is None:
-            return self.requested_io
-        if self._fallback_io is None:
-            raise ModelLoadError(f"{opened.serving.line(self.variant)}, but {self._fallback_error}")
-        return self._fallback_io
-
     def _open(self, cfg: ClassifierConfig) -> None:
-        opts = runtime_options(self.args, self.variant, self.gpu, self.threads, cfg.max_concurrent_batches)
+        streams, max_batch = cfg.max_concurrent_batches, cfg.max_batch_size
         try:
-            fallback = self._fallback(cfg.max_concurrent_batches)
-            opened = open_engine(self.variant, self.model_path, opts, cfg.max_batch_size, fallback)
-            try:
-                io = self._serving_io(opened)
-                # CUDA graphs captured before any request: each slot alone on the GPU (app/runtime/graphs.py).
-                opened.engine.prepare(cfg.max_batch_size)
-            except BaseException:
-                opened.engine.close()
-                raise
+            o = open_variant(
+                self.args, self.variant, self.gpu, self.threads, streams, max_batch, requested=self.requested_io
+            )
         except ModelLoadError as e:
             # Raised at start, this fails the replica; `serve status` shows the message.
             raise RuntimeError(f"Classifier_{self.variant}: {e}") from e
+        opened, opts = o.opened, o.opts  # the fallback's options when it serves (select.open_engine logged why)
         old, self.opened = self.opened, opened
         if old is not None:
             old.engine.close()  # released once the batches running on it are done (OrtEngine.close)
         self._warmed_to = 0
-        self.io = io
-        if opened.serving is not None and fallback is not None:
-            opts = fallback.opts  # select.open_engine logged why
+        self.io = o.io
         chosen = next((c for c in opened.plan.candidates if c.engine == opened.engine.name), opened.plan.candidates[0])
         self._profile = ProfilingTwin(self.variant, str(self.io.served.path), opts, chosen)
         self._report_provider()
@@ -218,16 +183,12 @@ class Classifier(GpuDecoding, ClassifierReport):
     def _measure(self, cfg: ClassifierConfig) -> None:
         """This replica's own throughput, and the speed gate's verdict against the baseline variant."""
         assert self.opened is not None
-        streams = cfg.max_concurrent_batches
-        report = start_report(self.opened, cfg.max_batch_size, streams)
-        gate = speed_gate_for(self.args, self.variant, self.gpu, self.threads, streams, self.engine.name)
-        if gate is not None:
-            spec, path, opts = gate
-            path = str(served_model(path, self.args.model.preprocess).path)  # as that variant serves it
-            report.gate = run_speed_gate(self.variant, self.engine, spec, path, opts, cfg.max_batch_size, streams)
+        streams, max_batch = cfg.max_concurrent_batches, cfg.max_batch_size
+        report = start_report(self.opened, max_batch, streams)
+        report.gate = gate_variant(self.args, self.variant, self.engine, self.gpu, self.threads, streams, max_batch)
         self.metrics.record_start(self.variant, report)
-        if report.gate is not None and not report.gate.passed and report.gate.action == "fail":
-            raise RuntimeError(f"Classifier_{self.variant}: {report.gate.message} (speed_gate.action: fail)")
+        if (failure := gate_failure(report.gate)) is not None:
+            raise RuntimeError(f"Classifier_{self.variant}: {failure}")
         self.report = report
 
     # -- requests ---------------------------------------------------------------------
