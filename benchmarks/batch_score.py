@@ -1,17 +1,19 @@
 """`python -m app.batch score` against the single-process `report` path, on this machine.
 
-    python -m benchmarks.batch_score [--compare 1000] [--small 2000] [--large 20000]
+    python -m benchmarks.batch_score [--compare 4000] [--rounds 3] [--small 2000] [--large 20000]
 
 On one corpus of JPEGs (the sample photographs re-encoded, linked over and over; decoding and inference cost the same
 for every copy), with FP32 on ONNX Runtime's CPU EP in both paths (configs/local.yaml, engine cpu):
 
 1. img/s of the single-process path `python -m app.models report --eval-dir` takes (read, `Preparation.pixels`, the
-   CPU engine in batches of 32, one process) and of `score` on a Ray started here (`ray.init()`), on the same
-   `--compare` images; the ratio, and `score`'s CPU-ms per image by stage (decode tasks, the scoring actor).
+   CPU engine in batches of 32, one process) and of `score` on a Ray started here (`ray.init()`; its start not
+   timed, the Dataset's and the actors' start timed), on the same `--compare` images, `--rounds` times alternated;
+   the medians, their ratio, and `score`'s CPU-ms per image by stage (decode tasks, the scoring actors).
 2. The same images on two Ray nodes started on this machine (`ray.cluster_utils.Cluster`): how many images each node
    decoded and scored.
-3. Peak memory of the driver and every Ray process it started (summed RSS and PSS, sampled every 0.25 s) while
-   scoring `--small` and then `--large` images: streaming holds a bounded number of blocks, not the collection.
+3. Peak memory of the driver and every Ray process it started (summed RSS and PSS, sampled every 0.25 s, and PSS by
+   kind of process) while scoring `--small` and then `--large` images: streaming holds a bounded number of blocks,
+   not the collection.
 
 Writes benchmarks/results/<stamp>-<host>-batch-score.{json,md,png}.
 """
@@ -112,21 +114,42 @@ def single_process(images: list[str], args: AppArgs) -> dict[str, Any]:
     }
 
 
+def process_kind(pid: int, argv: list[str]) -> str:
+    """Which part of the run a process is: the driver, the scoring actor, Ray Data's task workers (decode, write), Ray
+    Data's own actors, or Ray's daemons (GCS, raylet with the object store, dashboard, agents)."""
+    title = argv[0] if argv else ""
+    if pid == os.getpid():
+        return "driver"
+    if "Scorer" in title:
+        return "scoring actor"
+    if title.startswith("ray::_") or title.startswith("ray::ActorLocationTracker"):
+        return "Ray Data's actors"
+    if title.startswith("ray::"):
+        return "task workers (decode, write)"
+    return "Ray daemons"
+
+
 class MemorySampler:
-    """Summed RSS and PSS (MiB) of this process and everything it started (Ray's GCS, raylet, workers), sampled."""
+    """Summed RSS and PSS (MiB) of this process and everything it started (Ray's GCS, raylet, workers), sampled; and
+    PSS by process kind (`process_kind`), to say where a peak is."""
 
     def __init__(self, every_s: float = 0.25) -> None:
         self.every_s = every_s
         self.samples: list[tuple[float, float, float]] = []  # (perf_counter, RSS MiB, PSS MiB)
+        self.kinds: list[dict[str, float]] = []  # PSS MiB by kind, one per sample
         self._stop = threading.Event()
 
     def _sample(self) -> None:
         rss = pss = 0.0
+        kinds: Counter[str] = Counter()
         for pid in family(os.getpid()):
             with contextlib.suppress(psutil.Error):
-                m = psutil.Process(pid).memory_full_info()
+                p = psutil.Process(pid)
+                m = p.memory_full_info()
                 rss, pss = rss + m.rss / 2**20, pss + m.pss / 2**20
+                kinds[process_kind(pid, p.cmdline())] += m.pss / 2**20
         self.samples.append((time.perf_counter(), rss, pss))
+        self.kinds.append(dict(kinds))
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
@@ -143,11 +166,21 @@ class MemorySampler:
             thread.join()
             self._sample()
 
-    def peaks(self) -> dict[str, float]:
+    def peaks(self) -> dict[str, Any]:
+        at = max(range(len(self.samples)), key=lambda i: self.samples[i][2])
+        names = sorted({k for sample in self.kinds for k in sample})
         return {
             "peak_rss_mib": round(max(s[1] for s in self.samples), 1),
-            "peak_pss_mib": round(max(s[2] for s in self.samples), 1),
+            "peak_pss_mib": round(self.samples[at][2], 1),
+            "pss_at_peak_by_kind_mib": {k: round(self.kinds[at].get(k, 0.0), 1) for k in names},
+            "peak_pss_by_kind_mib": {k: round(max(s.get(k, 0.0) for s in self.kinds), 1) for k in names},
         }
+
+
+def median_by_rate(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of the median img/s (the lower middle one of an even number)."""
+    ordered = sorted(runs, key=lambda x: x["images_per_s"])
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def run_score(images: Path, out: Path, cfg: dict[str, Any], args: AppArgs) -> dict[str, Any]:
@@ -163,9 +196,11 @@ def run_score(images: Path, out: Path, cfg: dict[str, Any], args: AppArgs) -> di
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--compare", type=int, default=1000, help="images for the img/s comparison and the two-node run")
+    p.add_argument("--compare", type=int, default=4000, help="images for the img/s comparison and the two-node run")
+    p.add_argument("--rounds", type=int, default=3, help="single process, then score: this many times, alternated")
     p.add_argument("--small", type=int, default=2000, help="images of the first memory run")
     p.add_argument("--large", type=int, default=20000, help="images of the second memory run")
+    p.add_argument("--memory-only", action="store_true", help="only the memory runs (3.)")
     ns = p.parse_args(argv)
     env = print_environment()
     cfg, args = config()
@@ -179,23 +214,35 @@ def main(argv: list[str] | None = None) -> int:
             (compare / Path(path).parent.name).mkdir(parents=True, exist_ok=True)
             os.link(path, compare / Path(path).parent.name / f"{i:06d}.jpg")
 
-        single = single_process(list_images(str(compare)).paths, args)
-        print(f"single process: {single}", flush=True)
-        ray.init(num_cpus=psutil.cpu_count(), log_to_driver=False)
-        one = run_score(compare, root / "out-one", cfg, args)
-        ray.shutdown()
-        print(f"score, one node: {one}", flush=True)
-        result["single_process"], result["score_one_node"] = single, one
-        result["ratio_score_to_single"] = round(one["images_per_s"] / single["images_per_s"], 3)
+        if not ns.memory_only:
+            rounds = []
+            for r in range(ns.rounds):  # alternated: a slow spell of this shared machine falls on both paths
+                single = single_process(list_images(str(compare)).paths, args)
+                ray.init(num_cpus=psutil.cpu_count(), log_to_driver=False)
+                one = run_score(compare, root / f"out-one-{r}", cfg, args)
+                ray.shutdown()
+                ratio = round(one["images_per_s"] / single["images_per_s"], 3)
+                print(f"round {r + 1}: single process {single}\n  score, one node {one}\n  ratio {ratio}", flush=True)
+                rounds.append({"single_process": single, "score_one_node": one, "ratio": ratio})
+            result["rounds"] = [
+                {"single": x["single_process"]["images_per_s"], "score": x["score_one_node"]["images_per_s"]}
+                | {"ratio": x["ratio"]}
+                for x in rounds
+            ]
+            result["single_process"] = median_by_rate([x["single_process"] for x in rounds])
+            result["score_one_node"] = median_by_rate([x["score_one_node"] for x in rounds])
+            result["ratio_score_to_single"] = round(
+                result["score_one_node"]["images_per_s"] / result["single_process"]["images_per_s"], 3
+            )
 
-        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-        c.add_node(num_cpus=1)
-        ray.init(address=c.address, log_to_driver=False)
-        two = run_score(compare, root / "out-two", cfg, args)
-        ray.shutdown()
-        c.shutdown()
-        print(f"score, two nodes: {two}", flush=True)
-        result["score_two_nodes"] = two
+            c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+            c.add_node(num_cpus=1)
+            ray.init(address=c.address, log_to_driver=False)
+            two = run_score(compare, root / "out-two", cfg, args)
+            ray.shutdown()
+            c.shutdown()
+            print(f"score, two nodes: {two}", flush=True)
+            result["score_two_nodes"] = two
 
         memory = {}
         for n in (ns.small, ns.large):
@@ -221,54 +268,56 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def to_markdown(r: dict[str, Any]) -> str:
-    s, one, two = r["single_process"], r["score_one_node"], r["score_two_nodes"]
-    rows = [
-        ["single process (report's path)", s["images"], s["images_per_s"], "-", "-"],
-        [
-            "score, one Ray node",
-            one["images"],
-            one["images_per_s"],
-            one["cpu_ms_per_image"]["decode"],
-            one["cpu_ms_per_image"]["infer_fp32"],
-        ],
-        [
-            "score, two Ray nodes",
-            two["images"],
-            two["images_per_s"],
-            two["cpu_ms_per_image"]["decode"],
-            two["cpu_ms_per_image"]["infer_fp32"],
-        ],
-    ]
-    lines = [
-        f"# python -m app.batch score against the single-process path ({r['config']})",
-        "",
-        markdown_table(["path", "images", "img/s", "decode CPU-ms/img", "infer CPU-ms/img"], rows, 2),
-        "",
-        f"score / single process: {r['ratio_score_to_single']:.3f}x",
-        "",
-        f"Two nodes: decoded {two['decoded_on']}, scored {two['scored_on']}",
-        "",
+    kinds = sorted({k for m in r["memory"].values() for k in m["pss_at_peak_by_kind_mib"]})
+    lines = [f"# python -m app.batch score ({r['config']})", "", *speed_markdown(r)]
+    lines += [
         markdown_table(
             ["images", "peak RSS MiB (sum)", "peak PSS MiB (sum)", "img/s"],
             [[n, m["peak_rss_mib"], m["peak_pss_mib"], m["images_per_s"]] for n, m in r["memory"].items()],
+            1,
+        ),
+        "",
+        "PSS by kind of process at each run's peak (MiB):",
+        "",
+        markdown_table(
+            ["images", *kinds],
+            [[n, *(m["pss_at_peak_by_kind_mib"].get(k, 0.0) for k in kinds)] for n, m in r["memory"].items()],
             1,
         ),
     ]
     return "\n".join(lines) + "\n"
 
 
+def speed_markdown(r: dict[str, Any]) -> list[str]:
+    """The img/s comparison and the two-node run (none after --memory-only)."""
+    if "single_process" not in r:
+        return []
+    s, one, two = r["single_process"], r["score_one_node"], r["score_two_nodes"]
+    per_round = ", ".join("{ratio:.3f}x ({score} / {single} img/s)".format(**x) for x in r["rounds"])
+    rows = [["single process (report's path)", s["images"], s["images_per_s"], "-", "-"]]
+    for name, x in (("score, one Ray node", one), ("score, two Ray nodes", two)):
+        cpu = x["cpu_ms_per_image"]
+        rows.append([name, x["images"], x["images_per_s"], cpu["decode"], cpu["infer_fp32"]])
+    return [
+        markdown_table(["path", "images", "img/s", "decode CPU-ms/img", "infer CPU-ms/img"], rows, 2),
+        "",
+        f"score / single process (medians of {len(r['rounds'])} alternated rounds): {r['ratio_score_to_single']:.3f}x; "
+        f"per round: {per_round}",
+        "",
+        f"Two nodes: decoded {two['decoded_on']}, scored {two['scored_on']}",
+        "",
+    ]
+
+
 def plot(r: dict[str, Any], out: Path) -> None:
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    names = ["single process", "score, 1 node", "score, 2 nodes"]
-    rates = [
-        r["single_process"]["images_per_s"],
-        r["score_one_node"]["images_per_s"],
-        r["score_two_nodes"]["images_per_s"],
-    ]
-    left.bar(names, rates, color=["#888888", "#1f77b4", "#2ca02c"])
-    left.set_ylabel("images/s")
-    left.set_title("img/s, FP32 on the CPU EP")
+    if "single_process" in r:
+        names = ["single process", "score, 1 node", "score, 2 nodes"]
+        runs = (r["single_process"], r["score_one_node"], r["score_two_nodes"])
+        left.bar(names, [x["images_per_s"] for x in runs], color=["#888888", "#1f77b4", "#2ca02c"])
+        left.set_ylabel("images/s")
+        left.set_title("img/s, FP32 on the CPU EP")
     for n, m in r["memory"].items():
         t = [s[0] for s in m["series"]]
         right.plot(t, [s[2] for s in m["series"]], label=f"{n} images (PSS)")

@@ -17,7 +17,7 @@ from app.batch.decoding import decode_batch
 from app.batch.evaluation import largest_drop, report, to_markdown
 from app.batch.pipeline import Job
 from app.batch.scoring import SCHEMA, Scorer, serve_variant
-from app.batch.sizing import Pool, size_pool
+from app.batch.sizing import Pool, cpu_actors, size_pool
 from app.batch.sources import list_images
 from app.config import AppArgs, Limits
 from app.imaging.transform import Transform
@@ -87,7 +87,7 @@ def test_every_bad_file_is_a_row_with_the_apis_error_code(tmp_path: Path) -> Non
     assert all(m for n, m in zip(names, out["error_message"], strict=True) if codes[n])
 
 
-def test_the_pool_follows_the_gpus_or_leaves_half_the_cpus_to_decoding() -> None:
+def test_the_pool_follows_the_gpus_or_fills_the_cores_with_small_engines_and_leaves_half_the_cpus_to_decoding() -> None:
     cfg = load_config("prod.yaml")
     args = AppArgs.model_validate(cfg["applications"][0]["args"])
     gpu_nodes = [{"CPU": 8.0, "GPU": 1.0}, {"CPU": 8.0, "GPU": 1.0}, {"CPU": 4.0}]
@@ -96,9 +96,14 @@ def test_the_pool_follows_the_gpus_or_leaves_half_the_cpus_to_decoding() -> None
     assert size_pool(gpu_nodes, cfg, args, ["fp32"], actors=1, gpus_per_actor=1.0).actors == 1
     local = load_config("local.yaml")
     largs = AppArgs.model_validate(local["applications"][0]["args"])
-    assert size_pool([{"CPU": 2.0}], local, largs, ["fp32"]) == Pool(1, 1.0, 0.0, 2, pool_batch(local))
-    assert size_pool([{"CPU": 1.0}, {"CPU": 1.0}], local, largs, ["fp32"]).actors == 1
-    assert size_pool([{"CPU": 16.0}] * 4, local, largs, ["fp32"]).actors == 4
+    # CPU nodes: one-thread engines filling the cores, half the logical CPUs left to the decode tasks
+    assert size_pool([{"CPU": 2.0}], local, largs, ["fp32"]) == Pool(2, 0.5, 0.0, 1, pool_batch(local))
+    assert size_pool([{"CPU": 1.0}, {"CPU": 1.0}], local, largs, ["fp32"]) == Pool(1, 1.0, 0.0, 1, pool_batch(local))
+    big = size_pool([{"CPU": 16.0}] * 4, local, largs, ["fp32"])
+    assert (big.actors, big.num_cpus, big.threads) == (32, 1.0, 2)  # 8 a node of 2 threads, 8 of 16 CPUs reserved
+    for cores in (2, 3, 8, 16, 64):
+        num_cpus, per_node, threads = cpu_actors(cores)
+        assert per_node * threads <= cores and num_cpus * per_node == cores / 2
     with pytest.raises(ValueError, match="--actors"):
         size_pool([{"CPU": 2.0}], local, largs, ["fp32"], actors=0)
 

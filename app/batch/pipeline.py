@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import ray.data
 
@@ -24,8 +25,11 @@ from app.model.model_io import transform_of
 
 # Paths per input block: one decode task's work (~64 x 150 KB of pixels out for a 224 x 224 model).
 BLOCK_PATHS = 64
-DECODE_BATCH = 16
 MIN_STORE_BUDGET = 256 * 2**20
+# Rows per Parquet file (at least; a row is ~1 KB, most of it the declaration): a few files, not one a block; few
+# enough that writing one is no spike (8,192 rows: +190 MiB PSS for 2 s in the write task, docs/batch.md "Measured").
+WRITE_ROWS = 2048
+SUMMARY_COLUMNS = ["variant", "engine", "error_code", "decode_cpu_ms", "infer_cpu_ms"]
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ def scored(listed: Listed, job: Job) -> ray.data.Dataset:
         ray.data.from_arrow(blocks)
         .map_batches(
             functools.partial(decode_here, transform=transform, limits=job.args.limits.model_dump()),
-            batch_size=DECODE_BATCH,
+            batch_size=job.block_paths,  # one call a block: its pixels are the output block, never re-concatenated
             num_cpus=1,
             # A decode reserves the decode budget, as a Preprocessor's DecodeBudget holds one decode's worth per slot.
             # Asked of the decode tasks only, it also keeps Ray Data from fusing them into the scoring actors, where
@@ -106,6 +110,7 @@ def scored(listed: Listed, job: Job) -> ray.data.Dataset:
                 "declaration": json.dumps(job.args.model.model_dump(mode="json"), sort_keys=True),
             },
             batch_size=pool.batch_size,
+            zero_copy_batch=True,  # the actor only reads its batch: a view of the block, not a copy
             compute=ray.data.ActorPoolStrategy(size=pool.actors),
             num_cpus=pool.num_cpus,
             num_gpus=pool.num_gpus,
@@ -116,40 +121,52 @@ def scored(listed: Listed, job: Job) -> ray.data.Dataset:
 def score(listed: Listed, job: Job, output: str) -> dict[str, Any]:
     """Score every listed image with every variant into Parquet under `output`; the summary."""
     started = time.perf_counter()
-    scored(listed, job).write_parquet(output)
+    # A write task turns one bundle of scored rows (a few MB) into one file: I/O, next to no CPU. Asking a whole CPU
+    # for it, as Ray Data's default does, left it waiting for the decode tasks and the actors to free one, and the
+    # scored blocks queued for it as long as the job ran (docs/batch.md "Measured").
+    scored(listed, job).write_parquet(output, min_rows_per_file=WRITE_ROWS, ray_remote_args={"num_cpus": 0})
     seconds = time.perf_counter() - started
-    return summarize(read_output(output), seconds, job)
+    return summarize(output, seconds, job)
 
 
 def read_output(output: str, columns: list[str] | None = None) -> pa.Table:
     fs, path = filesystem(output)
-    cols = columns or ["path", "variant", "engine", "model_sha256", "error_code", "decode_cpu_ms", "infer_cpu_ms"]
-    return pq.read_table(path, filesystem=fs, columns=cols)
+    return pq.read_table(path, filesystem=fs, columns=columns or SUMMARY_COLUMNS)
 
 
-def summarize(rows: pa.Table, seconds: float, job: Job) -> dict[str, Any]:
-    """Images, img/s, errors by code (per image), CPU-ms per image by stage, the engines that ran."""
-    d = rows.to_pydict()
+def summarize(output: str, seconds: float, job: Job) -> dict[str, Any]:
+    """Images, img/s, errors by code (per image), CPU-ms per image by stage, the engines that ran: read back from the
+    Parquet files a record batch at a time (the driver's memory does not grow with the collection)."""
+    fs, path = filesystem(output)
     first = job.variants[0]
-    mine = [i for i, v in enumerate(d["variant"]) if v == first]
-    images = len(mine)
-    errors = Counter(d["error_code"][i] for i in mine if d["error_code"][i])
-    infer: dict[str, list[float]] = {}
+    images, decode_ms = 0, 0.0
+    errors: Counter[str] = Counter()
+    infer: dict[str, list[float]] = {}  # variant -> [CPU-ms summed, images]
     engines: dict[str, str] = {}
-    for i, v in enumerate(d["variant"]):
-        engines[v] = d["engine"][i]
-        if not d["error_code"][i]:
-            infer.setdefault(v, []).append(d["infer_cpu_ms"][i])
+    for batch in pads.dataset(path, filesystem=fs, format="parquet").to_batches(columns=SUMMARY_COLUMNS):
+        d = batch.to_pydict()
+        for variant, engine, code, decode, inference in zip(
+            d["variant"], d["engine"], d["error_code"], d["decode_cpu_ms"], d["infer_cpu_ms"], strict=True
+        ):
+            engines[variant] = engine
+            if variant == first:
+                images += 1
+                decode_ms += decode
+                if code:
+                    errors[code] += 1
+            if not code:
+                total = infer.setdefault(variant, [0.0, 0])
+                total[0], total[1] = total[0] + inference, total[1] + 1
     return {
         "images": images,
-        "rows": rows.num_rows,
+        "rows": images * len(job.variants),
         "variants": job.variants,
         "seconds": round(seconds, 3),
         "images_per_s": round(images / seconds, 2) if seconds > 0 else 0.0,
         "errors": dict(sorted(errors.items())),
         "cpu_ms_per_image": {
-            "decode": round(sum(d["decode_cpu_ms"][i] for i in mine) / max(1, images), 3),
-            **{f"infer_{v}": round(sum(x) / max(1, len(x)), 3) for v, x in infer.items()},
+            "decode": round(decode_ms / max(1, images), 3),
+            **{f"infer_{v}": round(ms / max(1, n), 3) for v, (ms, n) in infer.items()},
         },
         "engines": engines,
         "pool": job.pool.describe(),

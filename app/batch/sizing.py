@@ -1,9 +1,15 @@
 """The scoring actor pool, from the cluster's nodes and the Serve config (pure: no Ray).
 
 On a cluster with GPUs an actor asks for what a Classifier replica of the config asks for (its `num_gpus`, at least
-one variant's worth; its `num_cpus`), and there are as many actors as the GPUs hold. On CPU nodes an actor reserves half
-of a node's cores, one actor a node (at most half the cluster's CPUs), and the decode tasks have the rest; the engine's
-threads still span the node's cores (inference is most of the work)."""
+one variant's worth; its `num_cpus`), and there are as many actors as the GPUs hold.
+
+On CPU nodes (of at least 2 CPUs) the engines take every core, in several actors of few threads each: one engine thread
+an actor up to 8 cores a node, then ceil(cores / 8) threads, as many actors as that fills the node's cores. One engine
+of all the cores loses to them: its threads wait at every parallel step for the one a decode task preempted (on 2 cores,
+1 actor of 2 threads did 13.2-15.9 CPU-ms an image, 2 actors of 1 thread 12.4-13.0, and 5-10% more images a second:
+docs/batch.md "Measured"). Ray's logical CPUs are split, not the cores: the actors reserve half of a node's CPUs between
+them and the decode tasks the other half (a decode costs a sixth of an inference; the OS shares the cores). Nodes of
+one CPU: an actor takes a whole node, at most half of them, and the decode tasks the rest."""
 
 from __future__ import annotations
 
@@ -70,15 +76,22 @@ def size_pool(
         cores = [n.get("CPU", 0.0) for n in nodes if n.get("CPU", 0.0) >= 1]
         if not cores:
             raise ValueError("no node offers a CPU or a GPU to score on")
-        num_cpus = float(max(1, math.floor(min(cores) / 2)))
-        # One a node, but never more than half the CPUs in all: the decode tasks need the rest (two 1-CPU nodes: one).
-        default_actors = max(1, min(len(cores), math.floor(sum(cores) / (2 * num_cpus))))
+        num_cpus, per_node, engine_threads = cpu_actors(math.floor(min(cores)))
+        # A node's share, on each node; on 1-CPU nodes never more than half of them (two such nodes: one actor).
+        default_actors = per_node * len(cores) if per_node > 1 or min(cores) >= 2 else max(1, len(cores) // 2)
     actors = default_actors if actors is None else actors
     if actors < 1:
         raise ValueError(f"--actors must be at least 1, got {actors}")
     threads = args.intra_op_threads or threads_for(num_cpus)
     if gpus_per_actor == 0 and args.intra_op_threads is None:
-        # On a CPU node the engine takes every core, as the single-process `report` does: a decode costs a fraction of
-        # an inference (docs/batch.md "Measured"), so the decode tasks' share of the cores idles most of the time.
-        threads = max(1, math.floor(min(n.get("CPU", 0.0) for n in nodes if n.get("CPU", 0.0) >= 1)))
+        threads = engine_threads
     return Pool(actors, num_cpus, gpus_per_actor, threads, batch_size or batch)
+
+
+def cpu_actors(cores: int) -> tuple[float, int, int]:
+    """(logical CPUs an actor reserves, actors a node, engine threads an actor) on CPU nodes of `cores` CPUs."""
+    if cores < 2:
+        return 1.0, 1, 1
+    threads = max(1, math.ceil(cores / 8))
+    per_node = max(1, cores // threads)
+    return (cores / 2) / per_node, per_node, threads
