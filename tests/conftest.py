@@ -120,7 +120,12 @@ def use_serve_env(port: int) -> contextlib.AbstractContextManager[dict[str, str]
     """
     from app.front.instance import private_serve_env
 
-    return environment(private_serve_env(port))
+    env = private_serve_env(port)
+    # A Router replica that stops (a redeploy, a deleted app, one that failed to start) is held open 30 s by default
+    # so that an external load balancer can deregister it (Serve's direct ingress); here nothing outside this machine
+    # routes to it and HAProxy retries refused connections: 3 s, not the ~30 s each such stop cost a test before.
+    env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = "3"
+    return environment(env)
 
 
 def driver_handle(deployment_name: str, app_name: str | None = None) -> Any:
