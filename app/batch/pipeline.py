@@ -139,12 +139,13 @@ def summarize(output: str, seconds: float, job: Job) -> dict[str, Any]:
     Parquet files a record batch at a time (the driver's memory does not grow with the collection)."""
     fs, path = filesystem(output)
     first = job.variants[0]
-    images, decode_ms = 0, 0.0
+    images, rows, decode_ms = 0, 0, 0.0
     errors: Counter[str] = Counter()
     infer: dict[str, list[float]] = {}  # variant -> [CPU-ms summed, images]
     engines: dict[str, str] = {}
     for batch in pads.dataset(path, filesystem=fs, format="parquet").to_batches(columns=SUMMARY_COLUMNS):
         d = batch.to_pydict()
+        rows += batch.num_rows
         for variant, engine, code, decode, inference in zip(
             d["variant"], d["engine"], d["error_code"], d["decode_cpu_ms"], d["infer_cpu_ms"], strict=True
         ):
@@ -159,7 +160,7 @@ def summarize(output: str, seconds: float, job: Job) -> dict[str, Any]:
                 total[0], total[1] = total[0] + inference, total[1] + 1
     return {
         "images": images,
-        "rows": images * len(job.variants),
+        "rows": rows,
         "variants": job.variants,
         "seconds": round(seconds, 3),
         "images_per_s": round(images / seconds, 2) if seconds > 0 else 0.0,

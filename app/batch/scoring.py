@@ -96,9 +96,11 @@ class Scorer:
         codes = [str(c) for c in batch["error_code"]]
         good = [i for i, c in enumerate(codes) if not c]
         columns: dict[str, list[Any]] = {f.name: [] for f in SCHEMA}
+        # The decoded images, once for every variant (the whole batch as given, a view, when none failed).
+        pixels = batch["pixels"] if len(good) == len(codes) else batch["pixels"][good]
         for s in self.served:
             started = time.process_time()
-            best = self._top(s, batch["pixels"][good]) if good else []
+            best = self._top(s, pixels) if good else []
             share = (time.process_time() - started) * 1000.0 / max(1, len(good))
             found = dict(zip(good, best, strict=True))
             for i, path in enumerate(batch["path"]):

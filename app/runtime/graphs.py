@@ -418,8 +418,13 @@ def _first_line(e: Exception) -> str:
     return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
 
 
+def context_broken(e: BaseException) -> bool:
+    """Whether `e` says this process's CUDA context is broken (nothing on the GPU can run in it any more)."""
+    return any(sign in str(e) for sign in CONTEXT_BROKEN)
+
+
 def _fail_if_context_broken(e: Exception) -> None:
-    if any(sign in str(e) for sign in CONTEXT_BROKEN):
+    if context_broken(e):
         raise ModelLoadError(
             f"CUDA graphs: a capture or replay broke this process's CUDA context ({_first_line(e)}); nothing can serve "
             "on it: set args.cuda_graphs.enabled: false and report it (docs/engines.md, CUDA graphs)"

@@ -34,7 +34,7 @@ from app.imaging.transform import Transform
 from app.runtime.cuda_transform import DECODER_ENV, STANDIN, decoder_factory, open_gpu_pixels
 from app.runtime.device_batch import Copier, CudaCopier, DeviceBatch, DevicePool, HostCopier
 from app.runtime.gpu_pixels import DeviceRows, GpuPixels
-from app.runtime.graphs import CONTEXT_BROKEN
+from app.runtime.graphs import context_broken
 
 if TYPE_CHECKING:
     from app.config import AppArgs, ClassifierConfig
@@ -145,7 +145,7 @@ class GpuDecoding:
             pool = open_device_batches(self.engine, self.gpu_pixels, self.decoder_kind, max_batch)
             check_device_mode(self.gpu_pixels, self.engine, pool, warm_jpegs(self.io.transform, min(max_batch, 4)))
         except Exception as e:  # DeviceModeOff, or anything the check met: never worse than the host mode
-            if any(sign in str(e) for sign in CONTEXT_BROKEN):  # the host mode cannot serve either
+            if context_broken(e):  # the host mode cannot serve either
                 raise RuntimeError(f"Classifier_{self.variant}: the device mode's check broke the CUDA context") from e
             why = str(e) if isinstance(e, DeviceModeOff) else f"the start-up check failed: {type(e).__name__}: {e}"
             self.device_pool, self.device_off = None, why.strip().splitlines()[0][:300]
@@ -360,25 +360,24 @@ def merge_decoded(chunks: Sequence[Pixels | DeviceRows]) -> tuple[dict[int, Serv
 
 def _warm_jpeg(t: Transform) -> bytes:
     """A JPEG of the model's input size: the warm-up's batch."""
-    from app.imaging.opencv import cv2
-
-    image = np.full((max(t.height, 16), max(t.width, 16), 3), 128, np.uint8)
-    ok, data = cv2.imencode(".jpg", image)
-    assert ok
-    return bytes(data)
+    return _jpeg(np.full(_warm_shape(t), 128, np.uint8))
 
 
 def warm_jpegs(t: Transform, n: int) -> list[bytes]:
     """n different JPEGs of the model's input size (noise, one seed each): rows that a mix-up would tell apart."""
+    return [_jpeg(np.random.default_rng(s).integers(0, 256, _warm_shape(t), np.uint8)) for s in range(max(n, 1))]
+
+
+def _warm_shape(t: Transform) -> tuple[int, int, int]:
+    return max(t.height, 16), max(t.width, 16), 3
+
+
+def _jpeg(image: np.ndarray) -> bytes:
     from app.imaging.opencv import cv2
 
-    out = []
-    for seed in range(max(n, 1)):
-        image = np.random.default_rng(seed).integers(0, 256, (max(t.height, 16), max(t.width, 16), 3), np.uint8)
-        ok, data = cv2.imencode(".jpg", image)
-        assert ok
-        out.append(bytes(data))
-    return out
+    ok, data = cv2.imencode(".jpg", image)
+    assert ok
+    return bytes(data)
 
 
 __all__ = [
