@@ -67,6 +67,7 @@ test: system-deps $(STAMP) $(PERF_ANALYZER) $(KSERVE)      ## the whole suite, s
 
 lint: $(STAMP)
 	$(PY) -m ruff check app tests benchmarks
+	$(PY) -m ruff format --check app tests benchmarks
 	$(PY) -m mypy
 	.venv/bin/lint-imports
 	$(PY) -m app.ops.config_reference --check

@@ -426,11 +426,23 @@ def test_the_report_has_a_table_per_step_the_groups_and_the_verdicts(tmp_path: P
         for s in steps.SIZES
     ]
     latency = [{"size": "640x480", "requests": 20, "ok": 20, "errors": {}, "latency_ms": {"p50_ms": 9.5}, **C1}]
-    models = {"variants": {"fp32": {"engine": "cuda", "execution_provider": "CUDAExecutionProvider",
-                                    "precision": "fp32", "measured": {"batch_64": {"img_per_s": 8000.0}},
-                                    "cuda_graphs": {"graph_batch_sizes": [64]}},
-                           "int8": {"engine": "cuda", "execution_provider": "CUDAExecutionProvider",
-                                    "precision": "fp16", "serving": {"precision": "fp16", "why": "no TensorRT"}}}}
+    models = {
+        "variants": {
+            "fp32": {
+                "engine": "cuda",
+                "execution_provider": "CUDAExecutionProvider",
+                "precision": "fp32",
+                "measured": {"batch_64": {"img_per_s": 8000.0}},
+                "cuda_graphs": {"graph_batch_sizes": [64]},
+            },
+            "int8": {
+                "engine": "cuda",
+                "execution_provider": "CUDAExecutionProvider",
+                "precision": "fp16",
+                "serving": {"precision": "fp16", "why": "no TensorRT"},
+            },
+        }
+    }
     result = {
         "stamp": "2026-12-04-000000", "dry_run": False, "config_source": "configs/prod.yaml", "models_dir": "/m",
         "environment": {"host": "h", "platform": "p", "python": "3.12", "cpu_model": "c", "usable_cpus": 16,

@@ -173,7 +173,7 @@ class AppArgs(_Strict):
         "fewer: measured here at c=1, p50 a third lower (46.9 -> 29.8 ms) and 36.6 against 49.4 CPU-ms per image, "
         "at c=32 within the noise (docs/performance.md). gpu: in each Classifier's batch, JPEGs by the GPU's hardware "
         "decoders (nvImageCodec), the declared transform on the GPU, other images by the CPU path in the same batch "
-        "(no Preprocessor deployment; every Classifier needs a GPU: docs/engines.md \"JPEG on the GPU\")",
+        '(no Preprocessor deployment; every Classifier needs a GPU: docs/engines.md "JPEG on the GPU")',
     )
     cascades: dict[str, CascadeArgs] = Field(
         default_factory=dict,
@@ -285,4 +285,3 @@ class AppArgs(_Strict):
     def is_default_model(self, path: Path) -> bool:
         files = default_files(path.parent)
         return path in (files.fp32, files.int8, files.int8_trt, files.fp16)
-

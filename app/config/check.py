@@ -68,7 +68,6 @@ def validate_serve_config(cfg: dict, app_index: int = 0) -> AppArgs:
     return args
 
 
-
 def _check_gpu_decode(args: AppArgs, deployments: dict[str, dict]) -> None:
     """decode_in: gpu: no Preprocessor deployment, and a GPU for every Classifier (its batch decodes the JPEGs)."""
     if "Preprocessor" in deployments:

@@ -117,7 +117,7 @@ class FrontReport:
         elif env["missing"] or env["differs"]:
             logger.warning(
                 "ingress: %s; of %s, %d settings are in force, %s missing%s: start every Ray node with it in its "
-                "environment (docs/operating.md \"A Ray cluster of your own\")",
+                'environment (docs/operating.md "A Ray cluster of your own")',
                 runs,
                 env["file"],
                 len(env["in_force"]),

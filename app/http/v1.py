@@ -225,9 +225,9 @@ class V1:
         for v, d in zip(self.variants, described, strict=True):
             d = d if isinstance(d, dict) else {}
             fallback = d.get("fallback") or {}
-            out[v] = {
-                k: d.get(k) for k in ("precision", "requested_precision", "engine", "execution_provider")
-            } | {"fallback_reason": fallback.get("reason")}
+            out[v] = {k: d.get(k) for k in ("precision", "requested_precision", "engine", "execution_provider")} | {
+                "fallback_reason": fallback.get("reason")
+            }
         return out
 
     async def ab_reset(self, request: Request) -> Response:

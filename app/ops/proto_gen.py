@@ -36,8 +36,13 @@ GRPCIO_TOOLS = "1.76.0"
 PACKAGE = "app.protocol.v2.pb"
 OUT = Path(__file__).resolve().parents[1] / "protocol" / "v2" / "pb"
 FILES = ("model_config.proto", "grpc_service.proto")
-GENERATED = ("model_config_pb2.py", "model_config_pb2.pyi", "grpc_service_pb2.py", "grpc_service_pb2.pyi",
-             "grpc_service_pb2_grpc.py")
+GENERATED = (
+    "model_config_pb2.py",
+    "model_config_pb2.pyi",
+    "grpc_service_pb2.py",
+    "grpc_service_pb2.pyi",
+    "grpc_service_pb2_grpc.py",
+)
 
 
 def installed_tritonclient() -> str:

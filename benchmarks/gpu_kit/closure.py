@@ -60,9 +60,7 @@ def applies(marker: Marker | None, env: dict[str, str] | None, extras: Iterable[
     return any(marker.evaluate({**(env or {}), "extra": extra}) for extra in extras)
 
 
-def walk(
-    roots: Iterable[str], lookup: Callable[[str], Found | None], env: dict[str, str] | None = None
-) -> Walk:
+def walk(roots: Iterable[str], lookup: Callable[[str], Found | None], env: dict[str, str] | None = None) -> Walk:
     """Every distribution `roots` reach through `lookup`, breadth first; env None: the running interpreter's."""
     out = Walk()
     extras: dict[str, set[str]] = {}  # name -> extras asked for so far ("" always)

@@ -72,4 +72,3 @@ class Sampler:
         self.out.close()
         self.proc = self.out = None
         return summarise(text.splitlines())
-

@@ -276,7 +276,6 @@ class Node:
         out["stop_s"] = round(time.perf_counter() - t0, 1)
         return out
 
-
     def remove_files(self) -> None:
         """The run's temporary directory: the config, the token, the front's wrapper, Ray's session, HAProxy's files."""
         shutil.rmtree(self.tmp, ignore_errors=True)
