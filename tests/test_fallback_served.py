@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+import ray
 from ray import serve
 
 from app.model import BUILTIN_MODEL, ModelFiles
@@ -103,8 +104,11 @@ def test_a_gpu_node_without_tensorrt_serves_the_fallback_and_every_report_names_
         reasons = [lab["reason"] for n, lab, v in samples if n == "ray_app_variant_fallback" and v == 1]
         assert any(r.startswith("TensorRT not loadable") for r in reasons)
 
+        # This Ray's own session directory (not /tmp/ray/session_latest, which a second Ray on the machine moves).
+        session = getattr(ray.init(ignore_reinit_error=True), "address_info", {})["session_dir"]
+
         def logged() -> str | None:
-            for path in glob.glob("/tmp/ray/session_latest/logs/serve/replica_fallback_Classifier_int8_*.log"):
+            for path in glob.glob(f"{session}/logs/serve/replica_fallback_Classifier_int8_*.log"):
                 text = Path(path).read_text(errors="replace")
                 if "int8 requested, fp16 serving: TensorRT not loadable" in text:
                     return text
