@@ -34,16 +34,8 @@ from app.runtime.gpu_pixels import DeviceRows, GpuPixels
 from app.runtime.ort_engine import OrtEngine
 from app.runtime.plan import GraphOptions, RuntimeOptions, cpu_choice
 from app.runtime.transform_graph import GraphTransform
-from app.serve.classifier_decode import (
-    DeviceModeOff,
-    GpuDecoding,
-    Item,
-    OnDevice,
-    check_device_mode,
-    engine_logits,
-    open_device_batches,
-    warm_jpegs,
-)
+from app.serve.classifier_decode import GpuDecoding, Item, warm_jpegs
+from app.serve.device_mode import DeviceModeOff, OnDevice, check_device_mode, engine_logits, open_device_batches
 from app.toolchain.samples import sample_bytes
 from tests.hostile import cv_encode, jpeg_with_size, pattern_image
 

@@ -21,8 +21,9 @@ from app.model.model_io import ModelIO, check_transform, model_io
 from app.runtime import ModelLoadError, Opened, threads_for, top_k
 from app.runtime.open_variant import gate_failure, gate_variant, open_variant
 from app.runtime.startup import StartupReport, start_report
-from app.serve.classifier_decode import Done, GpuDecoding, Item, OnDevice, engine_logits, host_pixels
+from app.serve.classifier_decode import Done, GpuDecoding, Item
 from app.serve.classifier_report import ClassifierReport
+from app.serve.device_mode import OnDevice, engine_logits, host_pixels
 from app.serve.metrics import ClassifierMetrics
 from app.serve.profiling_twin import ProfilingTwin
 from app.serve.serve_internals import max_ongoing_requests, replica_id

@@ -6,12 +6,10 @@ JPEGs by the GPU's decoders, the rest by the CPU path, per-image errors as the P
 engine runs on what decoded. An image not decoded by the caller's deadline is not started: the request fails with
 inference_timeout (503), as a Preprocessor's would.
 
-The device mode (chosen at start, `open_device_batches`): the batch's images are decoded into ONE pooled `DeviceBatch`
-(app/runtime/device_batch.py), the engine's input buffer, and the engine reads it in place (`OrtEngine.run_device`):
-the model's pixels never cross to the host, only the logits do. Only for an ONNX Runtime engine whose input sits where
-the transform writes (the GPU, nvImageCodec; the CPU, the stand-in decoder), and only after the warm-up's JPEGs gave
-the host mode's logits through it; otherwise the replica serves in the host mode (the transform's pixels to the host,
-concatenated, copied up by the engine) and says why: `describe_decode()["device_batch"]` and the start-up log.
+The device mode (app/serve/device_mode.py, chosen at start): the batch's images are decoded into ONE pooled
+`DeviceBatch`, which the engine reads in place; where it cannot be had, or the warm-up's JPEGs (built here) do not give
+the host mode's logits through it, the replica serves in the host mode and says why: `describe_decode()["device_batch"]`
+and the start-up log.
 """
 
 from __future__ import annotations
@@ -31,10 +29,11 @@ from app.errors import ServiceError
 from app.imaging.decode_budget import slots_for
 from app.imaging.payloads import Encoded, Pixels
 from app.imaging.transform import Transform
-from app.runtime.cuda_transform import DECODER_ENV, STANDIN, decoder_factory, open_gpu_pixels
-from app.runtime.device_batch import Copier, CudaCopier, DeviceBatch, DevicePool, HostCopier
+from app.runtime.cuda_transform import DECODER_ENV, decoder_factory, open_gpu_pixels
+from app.runtime.device_batch import DeviceBatch, DevicePool
 from app.runtime.gpu_pixels import DeviceRows, GpuPixels
 from app.runtime.graphs import context_broken
+from app.serve.device_mode import DeviceModeOff, OnDevice, check_device_mode, open_device_batches
 
 if TYPE_CHECKING:
     from app.config import AppArgs, ClassifierConfig
@@ -67,21 +66,6 @@ class Done:
     batch_size: int
     decoded: Pixels | DeviceRows | None = None  # decode_in: gpu: what the batch decoded of the item's images
     error: ServiceError | None = None  # the item's deadline passed before its decode
-
-
-@dataclass
-class OnDevice:
-    """An engine batch in a DeviceBatch: its first n rows (holes included)."""
-
-    batch: DeviceBatch
-    n: int
-
-    def __len__(self) -> int:
-        return self.n
-
-
-class DeviceModeOff(Exception):
-    """Why a replica decodes in the host mode."""
 
 
 class GpuDecoding:
@@ -275,72 +259,6 @@ def _rows(item: Item, decoded: Pixels | DeviceRows | ServiceError | None, shape:
     return np.zeros((0, *shape), np.uint8)
 
 
-def host_pixels(x: np.ndarray | OnDevice) -> np.ndarray:
-    """The engine batch as numpy (the device mode's rows copied to the host: for the profiling twin)."""
-    return x.batch.host(x.n) if isinstance(x, OnDevice) else x
-
-
-def engine_logits(engine: Any, x: np.ndarray | OnDevice) -> np.ndarray:
-    """The engine's logits for the batch, read in place when it is on the device and the engine can (ONNX Runtime)."""
-    if not isinstance(x, OnDevice):
-        return np.asarray(engine.logits(x))
-    run_device = getattr(engine, "run_device", None)
-    if run_device is None:
-        return np.asarray(engine.logits(host_pixels(x)))
-    return np.asarray(run_device(x.batch, x.n, [engine.spec.output_names[0]])[0])
-
-
-def open_device_batches(engine: Any, gp: GpuPixels, decoder_kind: str, max_batch: int) -> DevicePool:
-    """The device mode's pool for `engine`: one DeviceBatch per batch running at once, where the transform writes
-    and the engine reads. DeviceModeOff says why not."""
-    where = engine.device_input() if callable(getattr(engine, "device_input", None)) else None
-    if not callable(getattr(engine, "run_device", None)):
-        raise DeviceModeOff(f"the engine ({getattr(engine, 'name', type(engine).__name__)}) is not ONNX Runtime")
-    if where is None:
-        raise DeviceModeOff(f"the engine's input is {engine.spec.input_dtype}, not the model's uint8 pixels")
-    kind, device_id = where
-    if tuple(engine.spec.sample_shape()) != tuple(gp.shape):
-        raise DeviceModeOff(f"the engine takes {engine.spec.sample_shape()} per image, the transform gives {gp.shape}")
-    if not gp.writes_in_place:
-        raise DeviceModeOff("the transform cannot write into a device batch")
-    copier: Copier
-    if decoder_kind == STANDIN:
-        if kind != "cpu":
-            raise DeviceModeOff("the stand-in decoder's transform writes host memory; the engine reads the GPU's")
-        copier = HostCopier()
-    else:
-        transform_device = getattr(gp.transform, "device_id", None)
-        if kind != "cuda" or transform_device != device_id:
-            raise DeviceModeOff(f"the engine reads {kind}:{device_id}, the transform writes cuda:{transform_device}")
-        copier = CudaCopier(int(getattr(gp.transform, "stream", 0)))
-    shape = tuple(gp.shape)
-    return DevicePool(lambda rows: DeviceBatch(rows, shape, kind, device_id, copier), engine.rows_for, max_batch)
-
-
-# The warm-up's logits through the device mode against the host mode's, relative to the largest: the same JPEGs, the
-# same decoder and transform, the same session and padded shape, so only a kernel's run-to-run rounding may differ
-# (graphs.CHECK_RTOL's reasoning); a row read from the wrong place is off by the logits' own size.
-DEVICE_CHECK_RTOL = 1e-2
-
-
-def check_device_mode(gp: GpuPixels, engine: Any, pool: DevicePool, jpegs: list[bytes]) -> None:
-    """The JPEGs decoded both ways: the device mode's logits must be the host mode's (DeviceModeOff if not)."""
-    (host,), _ = gp([jpegs])
-    want = engine_logits(engine, host.array)
-    with pool.take(len(jpegs)) as batch:
-        (rows,), _ = gp.into([jpegs], batch)
-        got = engine_logits(engine, OnDevice(batch, batch.used))[rows.rows]
-    if rows.positions != host.positions or got.shape != want.shape:
-        raise DeviceModeOff(
-            f"the warm-up decoded rows {rows.positions} in the device mode, {host.positions} in the host's"
-        )
-    gap = float(np.max(np.abs(got.astype(np.float64) - want), initial=0.0))
-    if not np.isfinite(gap) or gap > DEVICE_CHECK_RTOL * max(1.0, float(np.max(np.abs(want), initial=0.0))):
-        raise DeviceModeOff(
-            f"the warm-up's logits through the device batch differ from the host mode's (max gap {gap:.3g})"
-        )
-
-
 def encoded_chunks(encoded: Encoded, step: int) -> list[list[bytes]]:
     return [encoded.images[i : i + step] for i in range(0, len(encoded.images), step)]
 
@@ -384,12 +302,7 @@ __all__ = [
     "Done",
     "GpuDecoding",
     "Item",
-    "OnDevice",
-    "check_device_mode",
     "encoded_chunks",
-    "engine_logits",
-    "host_pixels",
     "merge_decoded",
-    "open_device_batches",
     "warm_jpegs",
 ]
