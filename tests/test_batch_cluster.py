@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,7 +72,11 @@ def test_score_writes_a_row_per_image_and_variant_with_the_apis_answers_and_erro
     summary = json.loads(capsys.readouterr().out)
     assert summary["images"] == len(PHOTOS) + len(codes) and summary["rows"] == 2 * summary["images"]
     assert summary["errors"] == {c: list(codes.values()).count(c) for c in set(codes.values())}
+    assert 0 < summary["first_rows_s"] <= summary["seconds"]
 
+    # Written by the driver: this run's one file (under the row cap), named by the run.
+    names = [p.name for p in out.iterdir()]
+    assert summary["files"] == 1 and len(names) == 1 and re.fullmatch(r"[0-9a-f]{12}-00000\.parquet", names[0]), names
     rows = pq.read_table(out).to_pylist()
     assert len(rows) == summary["rows"]
     args = AppArgs.model_validate(yaml.safe_load(config.read_text())["applications"][0]["args"])

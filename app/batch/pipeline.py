@@ -7,28 +7,25 @@ import functools
 import json
 import time
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as pads
-import pyarrow.parquet as pq
 import ray.data
 
 from app.batch.decoding import decode_batch
-from app.batch.scoring import Scorer
+from app.batch.output import PartWriter, file_batches
+from app.batch.scoring import SCHEMA, Scorer
 from app.batch.sizing import Pool
-from app.batch.sources import Listed, filesystem
+from app.batch.sources import Listed
 from app.config import AppArgs
 from app.model.model_io import transform_of
 
 # Paths per input block: one decode task's work (~64 x 150 KB of pixels out for a 224 x 224 model).
 BLOCK_PATHS = 64
-MIN_STORE_BUDGET = 256 * 2**20
-# Rows per Parquet file (at least; a row is ~1 KB, most of it the declaration): a few files, not one a block; few
-# enough that writing one is no spike (8,192 rows: +190 MiB PSS for 2 s in the write task, docs/batch.md "Measured").
-WRITE_ROWS = 2048
+MIN_STORE_BUDGET = 96 * 2**20
 SUMMARY_COLUMNS = ["variant", "engine", "error_code", "decode_cpu_ms", "infer_cpu_ms"]
 
 
@@ -72,9 +69,11 @@ def decode_here(batch: dict[str, Any], transform: dict[str, Any], limits: dict[s
 
 
 def store_budget(job: Job, transform: dict[str, Any]) -> int:
-    """Object store bytes the Dataset may hold at once: room for eight batches per scoring actor, at least 256 MiB.
-    Without a cap Ray Data lets the cheap decode run ahead of inference up to its share of the object store (30% of
-    a node's memory), so the pixels waiting would grow with the collection (docs/batch.md "Measured")."""
+    """Object store bytes the Dataset may hold at once: room for eight batches per scoring actor, at least 96 MiB (ten
+    64-image blocks of 224 x 224 pixels). Without a cap Ray Data lets the cheap decode run ahead of inference up to its
+    share of the object store (30% of a node's memory), so the pixels waiting would grow with the collection; and the
+    store's pages, once touched, stay with the machine and in every process that touched them (Ray frees objects, not
+    the pages under them), so the smaller the set in flight, the sooner they stop growing (docs/batch.md "Measured")."""
     pixels = int(transform["height"]) * int(transform["width"]) * int(transform["channels"])
     return max(MIN_STORE_BUDGET, job.pool.actors * job.pool.batch_size * pixels * 8)
 
@@ -119,31 +118,33 @@ def scored(listed: Listed, job: Job) -> ray.data.Dataset:
 
 
 def score(listed: Listed, job: Job, output: str) -> dict[str, Any]:
-    """Score every listed image with every variant into Parquet under `output`; the summary."""
+    """Score every listed image with every variant into Parquet under `output` (app/batch/output.py: written here,
+    on the driver, as the scored blocks arrive); the summary."""
     started = time.perf_counter()
-    # A write task turns one bundle of scored rows (a few MB) into one file: I/O, next to no CPU. Asking a whole CPU
-    # for it, as Ray Data's default does, left it waiting for the decode tasks and the actors to free one, and the
-    # scored blocks queued for it as long as the job ran (docs/batch.md "Measured").
-    scored(listed, job).write_parquet(output, min_rows_per_file=WRITE_ROWS, ray_remote_args={"num_cpus": 0})
+    first: float | None = None  # when the first scored rows arrived: the Dataset's and the pool's start
+
+    def timed(batches: Iterable[pa.Table]) -> Iterator[pa.Table]:
+        nonlocal first
+        for b in batches:
+            if first is None:
+                first = time.perf_counter() - started
+            yield b
+
+    with PartWriter(output, SCHEMA) as writer:
+        writer.write_all(timed(scored(listed, job).iter_batches(batch_format="pyarrow", batch_size=None)))
     seconds = time.perf_counter() - started
-    return summarize(output, seconds, job)
+    return summarize(output, writer.files, seconds, job) | {"first_rows_s": None if first is None else round(first, 3)}
 
 
-def read_output(output: str, columns: list[str] | None = None) -> pa.Table:
-    fs, path = filesystem(output)
-    return pq.read_table(path, filesystem=fs, columns=columns or SUMMARY_COLUMNS)
-
-
-def summarize(output: str, seconds: float, job: Job) -> dict[str, Any]:
-    """Images, img/s, errors by code (per image), CPU-ms per image by stage, the engines that ran: read back from the
-    Parquet files a record batch at a time (the driver's memory does not grow with the collection)."""
-    fs, path = filesystem(output)
+def summarize(output: str, files: list[str], seconds: float, job: Job) -> dict[str, Any]:
+    """Images, img/s, errors by code (per image), CPU-ms per image by stage, the engines that ran: read back from this
+    run's Parquet files a record batch at a time (the driver's memory does not grow with the collection)."""
     first = job.variants[0]
     images, rows, decode_ms = 0, 0, 0.0
     errors: Counter[str] = Counter()
     infer: dict[str, list[float]] = {}  # variant -> [CPU-ms summed, images]
     engines: dict[str, str] = {}
-    for batch in pads.dataset(path, filesystem=fs, format="parquet").to_batches(columns=SUMMARY_COLUMNS):
+    for batch in file_batches(output, files, SUMMARY_COLUMNS):
         d = batch.to_pydict()
         rows += batch.num_rows
         for variant, engine, code, decode, inference in zip(
@@ -171,5 +172,6 @@ def summarize(output: str, seconds: float, job: Job) -> dict[str, Any]:
         },
         "engines": engines,
         "pool": job.pool.describe(),
+        "files": len(files),
         **job.extra,
     }
