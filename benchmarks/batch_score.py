@@ -147,12 +147,13 @@ def process_kind(pid: int, argv: list[str], driver: int) -> str:
 
 
 def rollup(pid: int) -> dict[str, float]:
-    """The process's PSS (MiB) in all, and of anonymous, file-backed and shared-memory (the object store's) pages."""
+    """The process's RSS and PSS (MiB), and its PSS of anonymous, file-backed and shared-memory (the object store's)
+    pages."""
     out = {}
     with open(f"/proc/{pid}/smaps_rollup") as f:
         for line in f:
             key, _, rest = line.partition(":")
-            if key in ("Pss", "Pss_Anon", "Pss_File", "Pss_Shmem"):
+            if key in ("Rss", "Pss", "Pss_Anon", "Pss_File", "Pss_Shmem"):
                 out[key] = int(rest.split()[0]) / 1024
     return out
 
@@ -186,11 +187,10 @@ class MemorySampler:
         kinds: dict[str, float] = {}
         for pid in family(self.root):
             with contextlib.suppress(psutil.Error, OSError):
-                p = psutil.Process(pid)
                 r = rollup(pid)
-                rss, pss = rss + p.memory_info().rss / 2**20, pss + r["Pss"]
+                rss, pss = rss + r["Rss"], pss + r["Pss"]
                 own += r.get("Pss_Anon", 0.0) + r.get("Pss_File", 0.0)
-                kind = process_kind(pid, p.cmdline(), self.root)
+                kind = process_kind(pid, psutil.Process(pid).cmdline(), self.root)
                 kinds[kind] = kinds.get(kind, 0.0) + r["Pss"]
         store = max(0.0, shmem_mib() - self.shmem_before)
         self.samples.append((time.perf_counter(), rss, pss, own + store))

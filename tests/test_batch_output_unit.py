@@ -31,7 +31,7 @@ def test_rows_are_written_in_groups_into_files_of_bounded_size_in_their_order(tm
     assert all(pq.ParquetFile(f).metadata.num_row_groups >= 1 for f in w.files)
     table = read_output(str(out), ["n"])
     assert sorted(table.column("n").to_pylist()) == list(range(61))
-    assert sum(b.num_rows for b in file_batches(str(out), w.files, ["path"])) == 61
+    assert sum(b.num_rows for b in file_batches(w.fs, w.files, ["path"])) == 61
 
 
 def test_a_second_run_adds_its_files_beside_the_first_and_reads_back_only_its_own(tmp_path: Path) -> None:
@@ -41,7 +41,7 @@ def test_a_second_run_adds_its_files_beside_the_first_and_reads_back_only_its_ow
         second.write(rows(100, 2))
     assert first.run != second.run and len(list(tmp_path.iterdir())) == 2
     assert read_output(str(tmp_path), ["n"]).num_rows == 5
-    assert [b.num_rows for b in file_batches(str(tmp_path), second.files, ["n"])] == [2]
+    assert [b.num_rows for b in file_batches(second.fs, second.files, ["n"])] == [2]
 
 
 def test_a_failed_run_leaves_readable_files_and_writes_nothing_after_the_failure(tmp_path: Path) -> None:

@@ -1,12 +1,12 @@
 """`score`'s Parquet under --output, written by the driver as the scored blocks stream in, and read back.
 
-The rows are small (~1 KB an image and variant, most of it the declaration; a block of 64 images is inlined in Ray's
-in-process store, never the shared object store), so one writer on the driver keeps up with any pool: 100,000 rows a
-second is 100 MB/s of uncompressed Arrow. Ray Data's `write_parquet` would instead run a write task per file, and on a
-busy node such a task borrows the decode worker, the next decode task starts a new worker process (~100 MiB, a second
-of imports), and Ray stops the borrowed one once it idles: a process started for every file (docs/batch.md
-"Measured"). Files are named `<run>-<part>.parquet` (the run: a fresh id), so a second run into the same directory
-adds its files beside the first's, as `write_parquet`'s default mode does."""
+The rows are small (~1 KB an image and variant, most of it the declaration; an actor's scored batch of 32 images is ~32
+KB, which Ray passes inline, not through the shared object store), so one writer on the driver keeps up with any pool:
+writing costs ~1.4 CPU-us a row here (docs/batch.md "Output"). Ray Data's `write_parquet` would instead run a write task
+per file, and on a busy node such a task borrows the decode worker, the next decode task starts a new worker process
+(~100 MiB, a second of imports), and Ray stops the borrowed one once it idles: a process started for every file
+(docs/batch.md "Measured"). Files are named `<run>-<part>.parquet` (the run: a fresh id), so a second run into the same
+directory adds its files beside the first's, as `write_parquet`'s default mode does."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from types import TracebackType
 
 import pyarrow as pa
 import pyarrow.dataset as pads
+import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
 
 from app.batch.sources import filesystem
@@ -97,7 +98,6 @@ def read_output(output: str, columns: list[str]) -> pa.Table:
     return pq.read_table(path, filesystem=fs, columns=columns)
 
 
-def file_batches(output: str, files: list[str], columns: list[str]) -> Iterable[pa.RecordBatch]:
-    """`files` (a PartWriter's, on `output`'s filesystem), a record batch at a time (memory does not grow with them)."""
-    fs, _ = filesystem(output)
+def file_batches(fs: pa_fs.FileSystem, files: list[str], columns: list[str]) -> Iterable[pa.RecordBatch]:
+    """`files` on `fs` (a PartWriter's), a record batch at a time (memory does not grow with them)."""
     return pads.dataset(files, filesystem=fs, format="parquet").to_batches(columns=columns)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pa_fs
 import ray.data
 
 from app.batch.decoding import decode_batch
@@ -133,10 +134,11 @@ def score(listed: Listed, job: Job, output: str) -> dict[str, Any]:
     with PartWriter(output, SCHEMA) as writer:
         writer.write_all(timed(scored(listed, job).iter_batches(batch_format="pyarrow", batch_size=None)))
     seconds = time.perf_counter() - started
-    return summarize(output, writer.files, seconds, job) | {"first_rows_s": None if first is None else round(first, 3)}
+    summary = summarize(writer.fs, writer.files, seconds, job)
+    return summary | {"first_rows_s": None if first is None else round(first, 3)}
 
 
-def summarize(output: str, files: list[str], seconds: float, job: Job) -> dict[str, Any]:
+def summarize(fs: pa_fs.FileSystem, files: list[str], seconds: float, job: Job) -> dict[str, Any]:
     """Images, img/s, errors by code (per image), CPU-ms per image by stage, the engines that ran: read back from this
     run's Parquet files a record batch at a time (the driver's memory does not grow with the collection)."""
     first = job.variants[0]
@@ -144,7 +146,7 @@ def summarize(output: str, files: list[str], seconds: float, job: Job) -> dict[s
     errors: Counter[str] = Counter()
     infer: dict[str, list[float]] = {}  # variant -> [CPU-ms summed, images]
     engines: dict[str, str] = {}
-    for batch in file_batches(output, files, SUMMARY_COLUMNS):
+    for batch in file_batches(fs, files, SUMMARY_COLUMNS):
         d = batch.to_pydict()
         rows += batch.num_rows
         for variant, engine, code, decode, inference in zip(
