@@ -523,13 +523,14 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated, of {', '.join(names)} (default: all; cuda-qdq-int8 is cuda-int8-qdq); a target "
         "whose provider (or torch) cannot load here is skipped with its reason, the others run",
     )
+    p.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the report goes (default benchmarks/results)")
     a = p.parse_args(argv)
     if a.carry:
-        return print_carry()
+        return print_carry(a.out)
     unknown = sorted(set(a.targets) - set(names))
     if unknown or not a.targets:
         p.error(f"--targets: unknown {unknown}; choose from {names}")
-    return run(Check(targets=[t for t in TARGETS if t.name in a.targets], dry_run=a.cpu_dry_run))
+    return run(Check(targets=[t for t in TARGETS if t.name in a.targets], dry_run=a.cpu_dry_run, out_dir=a.out))
 
 
 def print_carry(out_dir: Path | None = None) -> int:

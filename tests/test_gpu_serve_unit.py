@@ -16,8 +16,8 @@ import yaml
 
 from app.config.check import validate_serve_config
 from app.http.replies import server_timing
-from benchmarks.gpu_serve import groups, report, steps, timing, verdict
-from benchmarks.gpu_serve.node import app_state, front_env, front_wrapper
+from benchmarks.gpu_serve import groups, report, run, steps, timing, verdict
+from benchmarks.gpu_serve.node import Node, app_state, front_env, front_wrapper
 from benchmarks.gpu_serve.run import missing_files, parse, shape_of
 from benchmarks.gpu_serve.shape import (
     DRY_RUN_CPUS,
@@ -378,6 +378,48 @@ def test_the_engine_rate_is_cuda_fp32_at_batch_64_of_the_newest_result(tmp_path:
     assert verdict.find_engine_result(tmp_path / "nothing", dry_run=False) is None
 
 
+def test_an_engine_rate_from_another_card_is_never_the_reference(tmp_path: Path) -> None:
+    h200, h100 = "NVIDIA H200, 143771 MiB, driver 580.159.04", "NVIDIA H100 80GB HBM3, 81559 MiB, driver 580.159.04"
+    committed = _gpu_check(tmp_path / "2026-12-04-195603-vm-gpu.json", {"cuda-fp32": {64: 8695.7}})
+    committed.write_text(json.dumps({**json.loads(committed.read_text()), "environment": {"gpus": [h200]}}))
+    on_h100 = {"gpus": [h100]}
+    assert verdict.card(on_h100) == "NVIDIA H100 80GB HBM3, 81559 MiB" and verdict.card({}) == ""
+    engine = verdict.engine_for(None, (tmp_path,), on_h100, dry_run=False)  # the committed H200 file: not found
+    assert engine["reference"] is None and engine["error"] == "no gpu_check result found"
+    given = verdict.engine_for(committed, (tmp_path,), on_h100, dry_run=False)  # named, still another card
+    assert given["reference"] is None
+    assert "measured on NVIDIA H200, 143771 MiB, this run is on NVIDIA H100" in given["error"]
+    same = verdict.engine_for(None, (tmp_path,), {"gpus": [h200.replace("580.159.04", "590.1")]}, dry_run=False)
+    assert same["reference"] == 8695.7  # the same card under another driver
+    none = verdict.engine_for(verdict.NONE, (tmp_path,), {"gpus": [h200]}, dry_run=False)
+    assert none["reference"] is None and "--engine-result none" in none["error"]
+
+
+def test_no_cuda_graphs_turns_them_off_in_the_served_config_and_says_so(prod: dict[str, Any]) -> None:
+    args = run.parse(["--cpu-dry-run", "--no-cuda-graphs"])
+    shape, why = run.shape_of(args, prod, 2)
+    assert not shape.cuda_graphs and why.endswith("CUDA graphs off (--no-cuda-graphs).")
+    served = derive(prod, shape, models=Path("/m"), trt_cache=Path("/t"), http_port=8000, grpc_port=8095)
+    assert served["applications"][0]["args"]["cuda_graphs"]["enabled"] is False
+    assert shape.describe().endswith("; CUDA graphs off)")
+    on = derive(prod, run.shape_of(run.parse(["--cpu-dry-run"]), prod, 2)[0], models=Path("/m"), trt_cache=Path("/t"),
+                http_port=8000, grpc_port=8095)  # fmt: skip
+    assert on["applications"][0]["args"].get("cuda_graphs", {}).get("enabled", True) is True
+
+
+def test_the_ready_deadline_leaves_the_steps_start_and_stop_inside_the_time_limit() -> None:
+    args = run.parse(["--time-limit", "250", "--duration", "10"])
+    plan = steps.Plan(10.0, 3.0, 200, 10, {"single": 128, "batch16": 32})
+    measuring = steps.measure_s(plan)
+    assert measuring == pytest.approx(2 * 210 * 0.05 + 4 * (3 + 10 + 3))
+    ready = run.ready_deadline(args, plan)
+    assert ready == pytest.approx(250 - run.START_S - run.STOP_S - run.REPORT_S - measuring)
+    assert run.ready_deadline(run.parse(["--ready-timeout", "20", "--time-limit", "250"]), plan) == 20
+    assert run.ready_deadline(run.parse([]), plan) == run.GPU["ready_s"]  # no limit: its own
+    with pytest.raises(ValueError, match=r"leaves .* s to become ready"):
+        run.ready_deadline(run.parse(["--time-limit", "100"]), plan)
+
+
 # --------------------------------------------------------------------------- the node's pieces, without Ray
 
 
@@ -394,6 +436,30 @@ def test_serve_status_is_healthy_only_when_every_deployment_is() -> None:
     failed = app_state(status("DEPLOY_FAILED", Router="HEALTHY", Classifier_int8="DEPLOY_FAILED"))
     assert failed["failed"] == ["application classifier: DEPLOY_FAILED", "Classifier_int8: DEPLOY_FAILED"]
     assert app_state(None) == {"healthy": False, "failed": [], "waiting": []}
+
+
+def test_a_deployment_not_ready_keeps_what_its_replicas_last_said(tmp_path: Path) -> None:
+    logs = tmp_path / "ray" / "session_2026" / "logs"
+    (logs / "serve").mkdir(parents=True)
+    (logs / "serve" / "replica_app_Classifier_fp32_ab12.log").write_text("".join(f"line {i}\n" for i in range(100)))
+    (logs / "serve" / "replica_app_Router_cd34.log").write_text("healthy\n")
+    (logs / "worker-1-01000000-42.err").write_text(
+        ":job_id:01\n:actor_name:ServeReplica:app:Classifier_fp32\nCUDA 700\n"
+    )
+    (logs / "worker-2-01000000-43.err").write_text(":job_id:01\n:actor_name:ServeReplica:app:Router\nfine\n")
+    (logs / "worker-3-01000000-44.out").write_text("")
+    node = Node(tmp_path, {}, 2, 0, 8000)
+    status = {"applications": {"app": {"deployments": {"Router": {"status": "HEALTHY"},
+                                                       "Classifier_fp32": {"status": "UPDATING"}}}}}  # fmt: skip
+    kept = node.replica_logs(status, lines=3)
+    worker = "ServeReplica:app:Classifier_fp32 worker-1-01000000-42.err"
+    assert set(kept) == {"replica_app_Classifier_fp32_ab12.log", worker}  # the healthy Router's, the empty file: not
+    assert kept["replica_app_Classifier_fp32_ab12.log"] == "line 97\nline 98\nline 99"
+    assert kept[worker].endswith("CUDA 700")
+    assert set(node.replica_logs(None)) >= {
+        "replica_app_Router_cd34.log",
+        "ServeReplica:app:Router worker-2-01000000-43.err",
+    }
 
 
 def test_the_front_env_is_the_served_configs(prod: dict[str, Any], tmp_path: Path) -> None:

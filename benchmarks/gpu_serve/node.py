@@ -51,8 +51,20 @@ HEALTHY, RUNNING, FAILED = "HEALTHY", "RUNNING", ("DEPLOY_FAILED",)
 STATUS_EVERY_S = 10.0
 
 
+REPLICA_LOG_LINES = 60  # of each starting or failed replica's log, kept when the app does not become ready
+
+
 class NodeError(RuntimeError):
     """The app could not be served: Ray did not start, the deploy was refused, or a deployment never became healthy."""
+
+
+class NotReady(NodeError):
+    """Deployed, but a deployment failed or was not healthy by the deadline: `serve status` and the replicas' logs say
+    why (a retry with other settings may serve)."""
+
+    def __init__(self, text: str, logs: dict[str, str]) -> None:
+        super().__init__(text)
+        self.logs = logs
 
 
 def front_wrapper(directory: Path, python: str = PY, repo: Path = REPO) -> Path:
@@ -228,7 +240,9 @@ class Node:
                 status, text = self.serve_status()
                 state = app_state(status)
                 if state["failed"]:
-                    raise NodeError(f"a deployment failed ({', '.join(state['failed'])}):\n{text}")
+                    raise NotReady(
+                        f"a deployment failed ({', '.join(state['failed'])}):\n{text}", self.replica_logs(status)
+                    )
                 if state["waiting"]:  # the log of a run cut short by an outer limit still says what was slow
                     print(f"  {time.perf_counter() - t0:.0f} s: {'; '.join(state['waiting'])}", flush=True)
                 next_status = time.perf_counter() + STATUS_EVERY_S
@@ -236,8 +250,38 @@ class Node:
                     self.timings_s["ready"] = round(time.perf_counter() - t0, 1)
                     return text
             if time.perf_counter() - t0 > deadline_s:
-                raise NodeError(f"not every deployment was healthy within {deadline_s:g} s:\n{self.serve_status()[1]}")
+                status, text = self.serve_status()
+                raise NotReady(
+                    f"not every deployment was healthy within {deadline_s:g} s:\n{text}", self.replica_logs(status)
+                )
             self._pause(0.5)
+
+    def replica_logs(self, status: dict[str, Any] | None, lines: int = REPLICA_LOG_LINES) -> dict[str, str]:
+        """What each replica of a deployment that is not HEALTHY (every replica's, when the status is unknown) last
+        said: the last `lines` of its Serve log and of its worker's stdout and stderr (where a Python traceback or a
+        CUDA error lands; Ray heads each worker file with `:actor_name:ServeReplica:APP:DEPLOYMENT`). Empty files
+        are left out."""
+        apps = (status or {}).get("applications") or {}
+        unhealthy = {
+            d for a in apps.values() for d, v in (a.get("deployments") or {}).items() if v.get("status") != HEALTHY
+        }
+
+        def wanted(name: str) -> bool:
+            return not unhealthy or any(name.endswith(f":{d}") or f"_{d}_" in name for d in unhealthy)
+
+        out = {}
+        logs = sorted((self.tmp / "ray").glob("session_*/logs"))
+        for log in (f for d in logs for f in sorted(d.glob("serve/replica_*.log")) if wanted(f.name)):
+            out[log.name] = tail(log, lines)
+        for log in (f for d in logs for f in sorted(d.glob("worker-*.[eo][ru][rt]"))):
+            with contextlib.suppress(OSError), log.open("rb") as f:
+                head = f.read(512).decode(errors="replace")
+            actor = next(
+                (x.removeprefix(":actor_name:") for x in head.splitlines() if x.startswith(":actor_name:")), ""
+            )
+            if actor.startswith("ServeReplica:") and wanted(actor):
+                out[f"{actor} {log.name}"] = tail(log, lines)
+        return {k: v for k, v in out.items() if v.strip()}
 
     def _until(self, deadline_s: float, what: str, done: Any, why: Any = None) -> None:
         t0 = time.perf_counter()
@@ -279,6 +323,14 @@ class Node:
     def remove_files(self) -> None:
         """The run's temporary directory: the config, the token, the front's wrapper, Ray's session, HAProxy's files."""
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def tail(path: Path, lines: int) -> str:
+    """The last `lines` lines of a text file ("" when it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 def sweep(marks: list[str], grace_s: float = 10.0) -> list[int]:

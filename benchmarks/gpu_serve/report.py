@@ -88,6 +88,8 @@ def to_markdown(result: dict[str, Any], png: str | None) -> str:
              f"```\n{format_environment(result['environment'])}\n```\n"]  # fmt: skip
     if result.get("error"):
         parts.append(f"**Not completed:**\n\n```\n{result['error']}\n```\n")
+    for name, text in (result.get("replica_logs") or {}).items():
+        parts.append(f"The last lines of `{name}`:\n\n```\n{text}\n```\n")
     parts += [
         "## Shape\n",
         f"`{result['config_source']}` as served here (models from `{result['models_dir']}`): {shape['describe']}; "

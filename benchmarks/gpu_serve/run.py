@@ -10,7 +10,13 @@ deployment is healthy, captures GET /v1/models, runs the c=1 Server-Timing steps
 (steps.py), stops everything it started, and writes
 benchmarks/results/<stamp>-<host>-gpu-serve{,-dryrun}.{json,md,png} with the verdicts against the engine's own rate
 (verdict.py). Exit 0: the run completed (a missed target is a result); 1: the app could not be served or measured
-(the report says why; `serve status` with the replicas' errors is printed); 2: it cannot run here at all."""
+(the report says why); 2: it cannot run here at all; 3: deployed, but the app did not become ready (`serve status`
+with the replicas' errors and the last lines of the log of each replica still starting are printed and kept in the
+report: a retry with --no-cuda-graphs is what the GPU kit does next).
+
+--time-limit S bounds the whole run (Ray's start, the deploy, readiness, the steps, the stop, the report): the ready
+deadline is what is left of S once the steps' own time (steps.measure_s) and the start and stop are set aside, so a
+run that does not become ready still stops Ray, prints why and writes its report inside S."""
 
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ import yaml
 from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp, usable_cores
 from benchmarks.gpu_serve import groups, report, steps, verdict
 from benchmarks.gpu_serve.gpu import gpu_count
-from benchmarks.gpu_serve.node import CPU_POOL, REPO, Node, NodeError, node_error, serve_port
+from benchmarks.gpu_serve.node import CPU_POOL, REPO, Node, NodeError, NotReady, node_error, serve_port
 from benchmarks.gpu_serve.shape import (
     GPU_DECODE_CLASSIFIER_CPUS,
     PREPROCESSOR_SHARE,
@@ -45,6 +51,7 @@ from benchmarks.gpu_serve.shape import (
 from benchmarks.gpu_serve.shape import given_cores as deployment_cores
 from benchmarks.load import Workload
 
+NOT_READY = 3  # the exit status of a run whose app did not become ready
 GPU = {"duration_s": 20.0, "warmup_s": 3.0, "c1_requests": 200, "c1_warmup": 10, "ready_s": 900.0}
 DRY = {"duration_s": 5.0, "warmup_s": 1.0, "c1_requests": 20, "c1_warmup": 3, "ready_s": 180.0}
 
@@ -70,7 +77,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--single-concurrency", type=int, help="single-image step's c (default 16 per Router, >= 32)")
     p.add_argument("--batch-concurrency", type=int, help="16-image step's c (default 4 per Router, >= 8)")
     p.add_argument("--ready-timeout", type=float, help="seconds for every deployment to be healthy (900; dry run 180)")
-    p.add_argument("--engine-result", type=Path, help="gpu_check's result JSON (default: newest in --out, results/)")
+    p.add_argument(
+        "--engine-result",
+        type=Path,
+        help="gpu_check's result JSON to judge against ('none': not judged); default: the newest in --out or "
+        "benchmarks/results/ measured on this node's GPU model",
+    )
+    p.add_argument("--no-cuda-graphs", action="store_true", help="serve with args.cuda_graphs.enabled false")
+    p.add_argument("--time-limit", type=float, help="seconds for the whole run; the ready deadline follows from it")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the report goes")
     args = p.parse_args(argv)
     for name in ("routers", "preprocessors", "single_concurrency", "batch_concurrency"):
@@ -108,7 +122,8 @@ def shape_of(args: argparse.Namespace, prod: dict[str, Any], cores: int) -> tupl
             + ("" if (args.routers, args.preprocessors) == (None, None) else "; overridden by the flags")
             + "."
         )
-    return Shape(routers, pre, dry_run=args.cpu_dry_run, decode_in=args.decode_in), why
+    shape = Shape(routers, pre, dry_run=args.cpu_dry_run, decode_in=args.decode_in, cuda_graphs=not args.no_cuda_graphs)
+    return shape, why + (" CUDA graphs off (--no-cuda-graphs)." if args.no_cuda_graphs else "")
 
 
 def plan_of(args: argparse.Namespace, shape: Shape) -> steps.Plan:
@@ -117,6 +132,27 @@ def plan_of(args: argparse.Namespace, shape: Shape) -> steps.Plan:
     c = {"single": args.single_concurrency or c["single"], "batch16": args.batch_concurrency or c["batch16"]}
     duration = args.duration if args.duration is not None else base["duration_s"]
     return steps.Plan(duration, base["warmup_s"], int(base["c1_requests"]), int(base["c1_warmup"]), c)
+
+
+# Set aside from --time-limit for what is not waiting: Ray's start and the deploy, the stop (ServerProcess's 30 s grace
+# at most), the report. What remains after the steps' own time is the ready deadline; under MIN_READY_S the run cannot
+# show anything and does not start.
+START_S, STOP_S, REPORT_S, MIN_READY_S = 30.0, 35.0, 5.0, 30.0
+
+
+def ready_deadline(args: argparse.Namespace, plan: steps.Plan) -> float:
+    """Seconds the deployments get to become healthy: --ready-timeout, bounded by what --time-limit leaves."""
+    own = args.ready_timeout or (DRY if args.cpu_dry_run else GPU)["ready_s"]
+    if args.time_limit is None:
+        return own
+    left = args.time_limit - START_S - STOP_S - REPORT_S - steps.measure_s(plan, args.cpu_dry_run)
+    if left < MIN_READY_S:
+        measuring = steps.measure_s(plan, args.cpu_dry_run)
+        raise ValueError(
+            f"--time-limit {args.time_limit:g} s leaves {left:.0f} s to become ready: at least {MIN_READY_S:g} s "
+            f"(the steps take ~{measuring:.0f} s)"
+        )
+    return min(own, left)
 
 
 def missing_files(served: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -185,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     prod = yaml.safe_load(args.config.read_text())
     shape, why = shape_of(args, prod, cores)
     plan = plan_of(args, shape)
+    try:
+        ready_s = ready_deadline(args, plan)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     tmp = Path(tempfile.mkdtemp(prefix="gsv-", dir="/tmp"))  # short: Ray's and HAProxy's socket paths live under it
     port = serve_port()
     served = derive(prod, shape, models=args.models.resolve(), trt_cache=tmp / "trt-cache", http_port=port,
@@ -206,15 +247,19 @@ def main(argv: list[str] | None = None) -> int:
     result["shape"] |= {"why": why, "cores": cores, "gpus": gpus, "cpu_pool": CPU_POOL}
     result["shape"]["given_cores"] = deployment_cores(served)
     why_c = steps.WHY_DRY_RUN if shape.dry_run else steps.WHY
-    result["plan"] = {**plan.__dict__, "why_concurrency": why_c}
+    result["plan"] = {
+        **plan.__dict__,
+        "why_concurrency": why_c,
+        "ready_deadline_s": ready_s,
+        "time_limit_s": args.time_limit,
+    }
     result |= {"latency_steps": [], "throughput_steps": [], "error": None, "models": None, "ingress": None}
     previous = signal.signal(signal.SIGTERM, _terminate)
-    failed = True
+    failed, not_ready = True, False
     try:
         node.prepare()
         node.start()
         node.deploy()
-        ready_s = args.ready_timeout or (DRY if args.cpu_dry_run else GPU)["ready_s"]
         print(f"deployed; waiting for every deployment to be healthy (at most {ready_s:g} s)...", flush=True)
         status = node.wait_healthy(ready_s, lambda: probe(node.url))
         print(f"ready: {node.timings_s}", flush=True)
@@ -227,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
         if empty := unmeasured(result["latency_steps"], result["throughput_steps"]):
             raise NodeError(f"no request succeeded in {'; '.join(empty)}")
         failed = False
+    except NotReady as e:
+        result["error"], result["replica_logs"], not_ready = node_error(e), e.logs, True
+        print(f"FAILED: {result['error']}", file=sys.stderr, flush=True)
+        for name, tail in e.logs.items():
+            print(f"--- the last lines of {name} ---\n{tail}", file=sys.stderr, flush=True)
     except (NodeError, ConnectionError, OSError) as e:
         result["error"] = node_error(e)
         print(f"FAILED: {result['error']}", file=sys.stderr, flush=True)
@@ -239,8 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stopped: {result['node']['stop']}", flush=True)
     c1 = next((s for s in result["latency_steps"] if s["size"] == "640x480"), None)
     batch = next((s for s in result["throughput_steps"] if (s["kind"], s["size"]) == ("batch16", "640x480")), None)
-    found = (verdict.find_engine_result(d, args.cpu_dry_run) for d in dict.fromkeys((args.out, RESULTS_DIR)))
-    result["engine"] = verdict.read_engine(args.engine_result or next((f for f in found if f), None))
+    result["engine"] = verdict.engine_for(args.engine_result, (args.out, RESULTS_DIR), env, args.cpu_dry_run)
     result["verdicts"] = {"throughput": verdict.throughput_verdict(batch, result["engine"], c1)}
     result["verdicts"]["latency"] = verdict.latency_verdict(c1)
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
@@ -251,4 +300,4 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the run's files are kept for a look: {tmp}", file=sys.stderr)
     else:
         node.remove_files()
-    return 1 if failed else 0
+    return NOT_READY if not_ready else 1 if failed else 0

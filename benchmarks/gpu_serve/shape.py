@@ -45,15 +45,18 @@ STANDIN = {
 @dataclass(frozen=True)
 class Shape:
     """How many replicas of each deployment, and what each asks of the node. `decode_in`: where images are decoded,
-    prod.yaml's Preprocessors or (gpu) the Classifiers' batches: then there are no Preprocessors."""
+    prod.yaml's Preprocessors or (gpu) the Classifiers' batches: then there are no Preprocessors. `cuda_graphs`
+    False: args.cuda_graphs.enabled false (gpu_serve --no-cuda-graphs: a second try where a capture broke the start)."""
 
     routers: int
     preprocessors: int
     dry_run: bool = False
     decode_in: str = "preprocessor"
+    cuda_graphs: bool = True
 
     def describe(self) -> str:
         where = "CPU dry run: every replica num_cpus 0.25, no GPU" if self.dry_run else "prod.yaml's placement"
+        where += "" if self.cuda_graphs else "; CUDA graphs off"
         if self.decode_in == "gpu":
             return f"{self.routers} Router(s), 1 Classifier per variant decoding on the GPU (decode_in: gpu; {where})"
         return f"{self.routers} Router(s), {self.preprocessors} Preprocessor(s), 1 Classifier per variant ({where})"
@@ -141,6 +144,8 @@ def derive(
         if isinstance(variant.get("fallback"), dict) and variant["fallback"].get("model_path"):
             variant["fallback"]["model_path"] = repoint(variant["fallback"]["model_path"], models, shape.dry_run)
     args["tensorrt"] = {**(args.get("tensorrt") or {}), "cache_dir": str(trt_cache)}
+    if not shape.cuda_graphs:
+        args["cuda_graphs"] = {**(args.get("cuda_graphs") or {}), "enabled": False}
     if shape.dry_run:
         args.update(device="cpu", require_gpu=False)
     if shape.decode_in == "gpu":

@@ -56,6 +56,20 @@ class Plan:
     timeout_s: float = 30.0
 
 
+# What the steps' own time is made of beside their measured seconds (measure_s): a c=1 request's round trip, bounded
+# generously (a GPU node answers a 1080p image in ~10-20 ms; the dry run's quarter cores in ~50-100), and each
+# throughput step's start and stop around its warm-up and window (wrk, the nvidia-smi sampler, the CPU readings).
+C1_REQUEST_S = {"gpu": 0.05, "dry_run": 0.3}
+STEP_OVERHEAD_S = 3.0
+
+
+def measure_s(plan: Plan, dry_run: bool = False) -> float:
+    """An upper estimate of the c=1 steps and the throughput steps together: what gpu_serve's --time-limit keeps
+    for them before it sets the ready deadline."""
+    c1 = len(SIZES) * (plan.c1_requests + plan.c1_warmup) * C1_REQUEST_S["dry_run" if dry_run else "gpu"]
+    return c1 + len(SIZES) * len(KINDS) * (plan.warmup_s + plan.duration_s + STEP_OVERHEAD_S)
+
+
 def throughput_step(
     url: str,
     kind: str,

@@ -36,28 +36,58 @@ def engine_rates(result: dict[str, Any], batch: int = BATCH) -> dict[str, float]
     return out
 
 
-def find_engine_result(results_dir: Path, dry_run: bool) -> Path | None:
+NONE = Path("none")  # --engine-result none: not judged
+
+
+def card(environment: dict[str, Any]) -> str:
+    """The GPU model a run measured on, as benchmarks/environment.py describes it ("NAME, MEM MiB, driver D"), less
+    the driver: "NAME, MEM MiB" (an H100 80GB and an H200 differ; two H200s are the same card). "" on no GPU."""
+    gpus = environment.get("gpus") or []
+    return ", ".join(str(gpus[0]).split(", ")[:2]) if gpus else ""
+
+
+def find_engine_result(results_dir: Path, dry_run: bool, on: str | None = None) -> Path | None:
     """The newest gpu_check result in `results_dir` (a dry run's for a dry run: the same engines on the CPU) that
-    measured the reference target at batch 64. Result names start with their stamp, so names sort by time."""
+    measured the reference target at batch 64, on the card `on` when given. Result names start with their stamp, so
+    names sort by time."""
     pattern = "*-gpu-dryrun.json" if dry_run else "*-gpu.json"
     for path in sorted(results_dir.glob(pattern), key=lambda p: p.name, reverse=True):
         try:
-            if REFERENCE in engine_rates(json.loads(path.read_text())):
-                return path
+            result = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
+        if REFERENCE in engine_rates(result) and (on is None or card(result.get("environment") or {}) == on):
+            return path
     return None
 
 
-def read_engine(path: Path | None) -> dict[str, Any]:
-    """The engine's figures from a gpu_check result: its file, every target's img/s at batch 64, the reference's."""
-    if path is None:
-        return {"file": None, "rates": {}, "reference": None, "error": "no gpu_check result found"}
+def read_engine(path: Path | None, on: str | None = None) -> dict[str, Any]:
+    """The engine's figures from a gpu_check result: its file, its card, every target's img/s at batch 64, the
+    reference's. A result from another card than `on` (this run's) gives no reference: an engine rate is the card's."""
+    if path is None or path == NONE:
+        why = "no gpu_check result given (--engine-result none)" if path == NONE else "no gpu_check result found"
+        return {"file": None, "rates": {}, "reference": None, "error": why}
     try:
-        rates = engine_rates(json.loads(path.read_text()))
+        result = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         return {"file": str(path), "rates": {}, "reference": None, "error": f"{type(e).__name__}: {e}"}
-    return {"file": str(path), "rates": rates, "reference": rates.get(REFERENCE), "batch": BATCH}
+    rates, measured_on = engine_rates(result), card(result.get("environment") or {})
+    out = {"file": str(path), "card": measured_on, "rates": rates, "reference": rates.get(REFERENCE), "batch": BATCH}
+    if on is not None and measured_on != on:
+        out |= {"reference": None, "error": f"measured on {measured_on or 'no GPU'}, this run is on {on or 'no GPU'}"}
+    return out
+
+
+def engine_for(
+    given: Path | None, dirs: tuple[Path, ...], environment: dict[str, Any], dry_run: bool
+) -> dict[str, Any]:
+    """The engine's figures this run is judged against: `given` (the GPU kit passes the gpu_check of the same node),
+    else the newest result in `dirs` measured on this run's card; never another card's."""
+    on = card(environment)
+    if given is not None:
+        return read_engine(given, on)
+    found = (find_engine_result(d, dry_run, on) for d in dict.fromkeys(dirs))
+    return read_engine(next((f for f in found if f), None), on)
 
 
 def held_back(step: dict[str, Any], c1: dict[str, Any] | None) -> dict[str, Any]:
