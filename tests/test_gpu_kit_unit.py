@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name as canon
 
 from benchmarks.gpu_kit import __main__ as cli
-from benchmarks.gpu_kit import contents, node, pack, prune, wheels
+from benchmarks.gpu_kit import aside, build, contents, node, pack, plan, prune, segments, wheels
 from benchmarks.gpu_kit.closure import Found, said, walk
 
 RUN_SH = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_kit" / "run.sh"
@@ -48,12 +49,14 @@ def test_parts_are_cut_at_exact_offsets_and_named_with_their_count(tmp_path: Pat
 
 
 def _tree(root: Path) -> dict[str, bytes]:
-    """A small staged kit: incompressible bytes (so it spans several parts), text, a nested folder."""
+    """A small staged kit: incompressible bytes (so it spans several parts), text, an ELF file, a nested folder."""
     files = {
         "kit.json": b'{"build_id": "b1"}\n',
+        "project/app.py": b"X = 1\n",
+        "models/m.onnx": os.urandom(30_000),
         "site/pkg/__init__.py": b"X = 1\n",
         "site/pkg/blob.bin": os.urandom(40_000),
-        "models/m.onnx": os.urandom(30_000),
+        "site/pkg/lib.so": ELF + os.urandom(20_000),
     }
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -61,32 +64,84 @@ def _tree(root: Path) -> dict[str, bytes]:
     return files
 
 
-def test_the_parts_put_together_are_the_archive_byte_for_byte(tmp_path: Path) -> None:
+def test_the_streams_put_together_are_the_segments_byte_for_byte(tmp_path: Path) -> None:
     staging, out = tmp_path / "staging", tmp_path / "out"
     staging.mkdir()
     out.mkdir()
     files = _tree(staging)
-    made = pack.archive(staging, ["kit.json", "models", "site"], out, part_bytes=16 * 1024, preset=0)
+    split = segments.split(staging, [])
+    assert split["engines"] == ["kit.json", "models/m.onnx", "project/app.py"]  # the site's packages: no engine's
+    streams = segments.streams(staging, split)
+    assert [(s.segment, s.kind) for s in streams] == [("engines", "plain"), ("serving", "x86"), ("serving", "plain")]
+    made = pack.archive(staging, streams, out, part_bytes=16 * 1024, preset=0, workers=2)
     parts = made["parts"]
-    assert len(parts) >= 4
+    assert len(parts) >= 5
     assert all(p["bytes"] == 16 * 1024 for p in parts[:-1]) and 0 < parts[-1]["bytes"] <= 16 * 1024
     joined = b"".join((out / p["name"]).read_bytes() for p in parts)
     assert sha256(joined) == made["sha256"] and len(joined) == made["bytes"]
     assert all(sha256((out / p["name"]).read_bytes()) == p["sha256"] for p in parts)
-    with tarfile.open(fileobj=io.BytesIO(lzma.decompress(joined)), mode="r:") as tar:
-        back = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
-        assert {m.uid for m in tar.getmembers()} == {0}
+    back: dict[str, bytes] = {}
+    for s in made["streams"]:
+        piece = joined[s["offset"] : s["offset"] + s["bytes"]]
+        assert sha256(piece) == s["sha256"]
+        with tarfile.open(fileobj=io.BytesIO(lzma.decompress(piece)), mode="r:") as tar:
+            back |= {m.name: tar.extractfile(m).read() for m in tar.getmembers()}  # type: ignore[union-attr]
+            assert {m.uid for m in tar.getmembers()} == {0}
     assert back == files
-    assert made["groups"]["models"]["bytes"] == 30_000 and made["tar_bytes"] > sum(map(len, files.values()))
+    x86 = next(s for s in made["streams"] if s["kind"] == "x86")
+    assert x86["files"] == 1 and x86["file_bytes"] == len(files["site/pkg/lib.so"])
+    assert made["tar_bytes"] > sum(map(len, files.values()))
 
 
-def test_part_sizes_take_kib_for_tests_and_stop_above_60_mib() -> None:
+def test_part_sizes_default_to_the_room_beside_the_checkout_take_kib_for_tests_and_stop_above_60_mib() -> None:
     args = cli.parser().parse_args(["build", "x", "--part-kib", "0.5"])
     assert cli.part_bytes(args) == 512
-    assert cli.part_bytes(cli.parser().parse_args(["build", "x"])) == 48 * 2**20
+    assert cli.part_bytes(cli.parser().parse_args(["build", "x"])) is None  # plan.room of the checkout measured
     with pytest.raises(wheels.KitError, match="at most 60 MiB"):
         cli.part_bytes(cli.parser().parse_args(["build", "x", "--part-mib", "61"]))
     assert pack.parse_preset("9e") == 9 | lzma.PRESET_EXTREME and pack.preset_name(pack.parse_preset("9e")) == "9e"
+    assert plan.room(13 * plan.MIB) == 64 * plan.MIB - 13 * plan.MIB - plan.FOLDER_RESERVE - plan.MARGIN
+
+
+def test_what_travels_is_what_git_tracks_or_does_not_ignore_and_shared(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "benchmarks" / "results").mkdir(parents=True)
+    (repo / "shared").mkdir()
+    ignore = "/kit/\n*.log\n/shared/\n"
+    sizes = {"a.py": 100, ".gitignore": len(ignore), "benchmarks/results/r.json": 1000, "new.txt": 10, "shared/s.md": 7}
+    for rel, n in {**sizes, "kit/part.bin": 5000, "x.log": 50}.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_bytes(b"x" * n)
+    (repo / ".gitignore").write_text(ignore)
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "a.py", ".gitignore", "benchmarks/results/r.json"], check=True)
+    travelling = contents.travelling_bytes(repo)
+    assert travelling == {"bytes": sum(sizes.values()), "files": 5, "results_bytes": 1000}
+    assert contents.ignored(repo, repo / "kit") and not contents.ignored(repo, repo / "benchmarks")
+    assert contents.work_tree(repo / "kit" / "not-yet") == repo.resolve()
+
+
+def test_the_results_go_aside_from_what_travels_and_come_back_untouched(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "benchmarks" / "results").mkdir(parents=True)
+    (repo / "a.py").write_text("a")
+    (repo / "benchmarks" / "results" / "r.json").write_text("r" * 1000)
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    assert contents.travelling_bytes(repo)["bytes"] == 1001
+    assert "set aside" in aside.aside(repo) and aside.is_aside(repo)
+    assert contents.travelling_bytes(repo) == {"bytes": 1, "files": 1, "results_bytes": 0}
+    assert (repo / "benchmarks" / "results" / "r.json").read_text() == "r" * 1000  # the files stay
+    assert "already" in aside.aside(repo)
+    aside.back(repo)
+    assert not aside.is_aside(repo) and contents.travelling_bytes(repo)["bytes"] == 1001
+    assert subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True).stdout == ""
+    (repo / "benchmarks" / "results" / "r.json").write_text("changed")
+    with pytest.raises(wheels.KitError, match="has changes of its own"):
+        aside.aside(repo)
 
 
 # --------------------------------------------------------------------------- run.sh: receive, and run's refusals
@@ -94,90 +149,98 @@ def test_part_sizes_take_kib_for_tests_and_stop_above_60_mib() -> None:
 
 @pytest.fixture
 def kit(tmp_path: Path) -> Path:
-    """A kit of three parts as build writes it (run.sh, manifest.json, parts), from a tiny tree."""
+    """A kit of three parts as build lays it out (call-N/ folders of run.sh, manifest.json and one part), from a tiny
+    tree: the engines segment ends in the first part."""
     staging, out = tmp_path / "staging", tmp_path / "kit"
     staging.mkdir()
     out.mkdir()
     _tree(staging)
-    made = pack.archive(staging, ["kit.json", "models", "site"], out, part_bytes=32 * 1024, preset=0)
-    assert len(made["parts"]) == 3
-    manifest = {"build_id": "b1", "built": "2026-12-04T00:00:00+00:00", "parts": made.pop("parts"), "archive": made}
-    (out / "manifest.json").write_text(json.dumps(manifest))
-    shutil.copy2(RUN_SH, out / "run.sh")
+    split = segments.split(staging, [])
+    made = pack.archive(staging, segments.streams(staging, split), out, part_bytes=32 * 1024, preset=0)
+    parts = made.pop("parts")
+    assert len(parts) == 3
+    seg_parts = build.segment_parts(parts, made["streams"])
+    assert seg_parts["engines"] == ["part-01-of-03.bin"]
+    manifest = {"build_id": "b1", "built": "2026-12-04T00:00:00+00:00", "parts": parts, "archive": made}
+    manifest["segments"] = {seg: {"parts": seg_parts[seg], "files": len(split[seg])} for seg in split}
+    opts = build.Options(out=out, python_version="3.12", part_bytes=None, node_has={}, models=tmp_path)
+    build.lay_out(opts, parts, manifest)
     return out
 
 
-def _arriving(kit: Path, part: str, into: Path) -> Path:
-    """One call's folder: run.sh and manifest.json beside one part."""
-    into.mkdir()
-    for name in ("run.sh", "manifest.json", part):
-        shutil.copy2(kit / name, into / name)
-    return into
-
-
 def _sh(kit_home: Path, *args: str | Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "APP_KIT_HOME": str(kit_home), "KIT_PYTHON": sys.executable}
+    env = {**os.environ, "APP_KIT_HOME": str(kit_home), "KIT_PYTHON": sys.executable, "OUT": str(kit_home / "out")}
     return subprocess.run(["bash", *map(str, args)], capture_output=True, text=True, env=env, timeout=60)
+
+
+def _call(kit: Path, i: int, into: Path) -> Path:
+    """What one call carries: its folder, copied (the call's copy vanishes after it)."""
+    shutil.copytree(kit / f"call-{i}", into)
+    return into
 
 
 def test_receive_stores_each_part_from_its_own_folder_and_names_what_is_missing(kit: Path, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    first = _arriving(kit, "part-01-of-03.bin", tmp_path / "call1")
+    assert sorted(p.name for p in (kit / "call-1").iterdir()) == ["manifest.json", "part-01-of-03.bin", "run.sh"]
+    first = _call(kit, 1, tmp_path / "c1")
     done = _sh(store, first / "run.sh", "receive", first)
     assert done.returncode == 0, done.stderr
     assert "part-01-of-03.bin: stored" in done.stdout
     assert "stored 1 of 3 parts; still missing: part-02-of-03.bin part-03-of-03.bin" in done.stdout
-    shutil.rmtree(first)  # the call's folder does not outlive it
+    shutil.rmtree(first)
     for i in (2, 3):
-        call = _arriving(kit, f"part-0{i}-of-03.bin", tmp_path / f"call{i}")
+        call = _call(kit, i, tmp_path / f"c{i}")
         done = _sh(store, call / "run.sh", "receive", call)
         shutil.rmtree(call)
     assert "all 3 parts stored" in done.stdout
     assert {p.name for p in (store / "parts").iterdir()} == {f"part-0{i}-of-03.bin" for i in (1, 2, 3)}
     assert (store / "run.sh").is_file() and (store / "manifest.json").is_file()
-    again = _sh(store, kit / "run.sh", "receive", kit)
-    assert again.stdout.count("already stored, skipped") == 3
+    again = _sh(store, kit / "call-2" / "run.sh", "receive", kit / "call-2")
+    assert again.stdout.count("already stored, skipped") == 1
 
 
 def test_a_corrupted_part_is_refused_and_not_stored(kit: Path, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    call = _arriving(kit, "part-02-of-03.bin", tmp_path / "call")
+    call = _call(kit, 2, tmp_path / "c2")
     damaged = bytearray((call / "part-02-of-03.bin").read_bytes())
     damaged[100] ^= 0xFF
     (call / "part-02-of-03.bin").write_bytes(bytes(damaged))
-    done = _sh(store, call / "run.sh", "receive", call)
-    assert done.returncode == 1
-    assert "refused: part-02-of-03.bin: its sha256 is" in done.stderr and "send it again" in done.stderr
-    assert not list((store / "parts").iterdir())
-    good = _sh(store, kit / "run.sh", "receive", kit)
-    assert good.returncode == 0 and "all 3 parts stored" in good.stdout
-
-
-def test_run_names_the_parts_still_missing(kit: Path, tmp_path: Path) -> None:
-    store = tmp_path / "store"
-    call = _arriving(kit, "part-02-of-03.bin", tmp_path / "call")
-    _sh(store, call / "run.sh", "receive", call)
-    done = _sh(store, store / "run.sh", "run", "--cpu-dry-run")
+    done = _sh(store, call / "run.sh", "call", call)
     assert done.returncode == 2
-    assert "parts missing" in done.stderr and "part-01-of-03.bin part-03-of-03.bin" in done.stderr
+    assert "refused: part-02-of-03.bin: its sha256 is" in done.stdout and "repeat this call" in done.stdout
+    assert not list((store / "parts").iterdir())
+    good = _sh(store, kit / "call-2" / "run.sh", "receive", kit / "call-2")
+    assert good.returncode == 0 and "stored 1 of 3 parts" in good.stdout
+
+
+def test_a_call_before_its_segment_is_whole_stores_and_runs_nothing(kit: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    call = _call(kit, 2, tmp_path / "c2")
+    done = _sh(store, call / "run.sh", "call", call)
+    assert done.returncode == 0 and "nothing new to run yet" in done.stdout, done.stdout + done.stderr
     assert not (store / "root").exists()
-    nothing = _sh(tmp_path / "empty", kit / "run.sh", "run")
-    assert nothing.returncode == 2 and "nothing received yet" in nothing.stderr
+    assert "nothing new to run yet" in (store / "out" / "run.log").read_text()  # the console comes back too
+    run = _sh(store, store / "run.sh", "run", "engines", "--cpu-dry-run")
+    assert run.returncode == 2 and "the engines segment's parts are not all stored: part-01-of-03.bin" in run.stdout
+    nothing = _sh(tmp_path / "empty", kit / "call-1" / "run.sh", "run")
+    assert nothing.returncode == 2 and "nothing received yet" in nothing.stdout
 
 
 def test_another_build_arriving_replaces_the_stored_one(kit: Path, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    _sh(store, kit / "run.sh", "receive", kit)
+    _sh(store, kit / "call-1" / "run.sh", "receive", kit / "call-1")
+    (store / "results").mkdir()
     manifest = json.loads((kit / "manifest.json").read_text())
-    other = _arriving(kit, "part-01-of-03.bin", tmp_path / "other")
+    other = _call(kit, 2, tmp_path / "other")
     (other / "manifest.json").write_text(json.dumps({**manifest, "build_id": "b2"}))
     done = _sh(store, other / "run.sh", "receive", other)
     assert "the store held another kit" in done.stdout and "stored 1 of 3 parts" in done.stdout
+    assert not (store / "results").exists()
 
 
 def test_run_sh_without_a_command_prints_its_usage(kit: Path, tmp_path: Path) -> None:
     done = _sh(tmp_path / "store", kit / "run.sh")
-    assert done.returncode == 0 and "bash run.sh receive [FROM_DIR]" in done.stdout and "--cpu-dry-run" in done.stdout
+    assert done.returncode == 0 and "bash run.sh call FOLDER" in done.stdout and "--cpu-dry-run" in done.stdout
 
 
 # --------------------------------------------------------------------------- what is carried
@@ -281,6 +344,87 @@ def test_the_project_is_what_git_tracks_or_does_not_ignore_but_results(tmp_path:
     (repo / "gone.py").unlink()
     project = contents.project_files(repo)
     assert project.files == [".gitignore", "new.py", "tracked.py"] and project.untracked == ["new.py"]
+
+
+def test_extension_modules_of_other_pythons_and_the_profiler_binary_are_left_out(tmp_path: Path) -> None:
+    pkg = tmp_path / "nvidia" / "nvimgcodec"
+    pkg.mkdir(parents=True)
+    names = ["impl.cpython-311-x86_64-linux-gnu.so", "impl.cpython-312-x86_64-linux-gnu.so",
+             "impl.cpython-313t-x86_64-linux-gnu.so", "impl.abi3.so", "libnvimgcodec.so.0"]  # fmt: skip
+    for name in names:
+        (pkg / name).write_bytes(ELF)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "py-spy").write_bytes(ELF)
+    removed = prune.prune(tmp_path, candidates=(), dynamic=lambda p: (None, ()), python_version="3.12")
+    assert sorted(p.name for p in pkg.iterdir()) == ["impl.abi3.so", "impl.cpython-312-x86_64-linux-gnu.so",
+                                                     "libnvimgcodec.so.0"]  # fmt: skip
+    assert not (tmp_path / "bin" / "py-spy").exists()
+    assert {r["file"] for r in removed} == {
+        f"nvidia/nvimgcodec/{names[0]}",
+        f"nvidia/nvimgcodec/{names[2]}",
+        "bin/py-spy",
+    }
+    assert all("removed" in r for r in removed)
+
+
+def test_the_engines_segment_is_what_the_engine_steps_need_of_what_the_kit_carries(tmp_path: Path) -> None:
+    carried = {
+        "onnxruntime-gpu": wheels.Dist("onnxruntime-gpu", "1.31.1", ("numpy>=1.21", "protobuf", "flatbuffers"), "o"),
+        "pydantic": wheels.Dist("pydantic", "2.14", ("pydantic-core==2.50.5", "typing-extensions>=4"), "p.whl"),
+        "pydantic-core": wheels.Dist("pydantic-core", "2.50.5", ("typing-extensions>=4",), "c.whl"),
+        "typing-extensions": wheels.Dist("typing-extensions", "4.16", (), "t.whl"),
+        "ray": wheels.Dist("ray", "2.60.0", ("protobuf>=3", "typing-extensions"), "r.whl"),
+        "protobuf": wheels.Dist("protobuf", "6.33.6", (), "pb.whl"),
+    }
+    reqs = ["ray[serve]==2.60.*", "onnxruntime-gpu==1.31.*", "pydantic>=2.7", "numpy>=1.26"]
+    assert segments.engine_requirements(reqs) == reqs[1:]
+    got = segments.engine_distributions(reqs, carried, "3.12")
+    assert sorted(got) == ["onnxruntime-gpu", "protobuf", "pydantic", "pydantic-core", "typing-extensions"]
+    site = tmp_path / "site"
+    for rel in ("onnxruntime/capi/x.so", "onnxruntime_gpu-1.31.1.dist-info/RECORD", "ray/_raylet.so", "bin/ray"):
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_bytes(ELF)
+    (site / "onnxruntime_gpu-1.31.1.dist-info" / "RECORD").write_text(
+        "onnxruntime/capi/x.so,sha256=x,64\n../../bin/onnxruntime_test,,\nonnxruntime_gpu-1.31.1.dist-info/RECORD,,\n"
+    )
+    (site / "bin" / "onnxruntime_test").write_text("#!python\n")
+    (tmp_path / "kit.json").write_text("{}")
+    split = segments.split(tmp_path, ["onnxruntime-gpu"])
+    assert split["engines"] == ["kit.json", "site/bin/onnxruntime_test", "site/onnxruntime/capi/x.so",
+                                "site/onnxruntime_gpu-1.31.1.dist-info/RECORD"]  # fmt: skip
+    assert split["serving"] == ["site/bin/ray", "site/ray/_raylet.so"]
+
+
+def test_the_engines_declaration_covers_what_gpu_check_and_gpu_decode_import() -> None:
+    """ENGINE_REQUIREMENTS against the real imports: every third-party distribution that importing the engine steps
+    loads is reached from the declared requirements (through installed metadata) or is the node's own."""
+    code = (
+        "import sys, benchmarks.gpu_check, benchmarks.gpu_decode\n"
+        "print('\\n'.join(sorted({m.__file__ for m in list(sys.modules.values()) if getattr(m, '__file__', None)})))"
+    )
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                cwd=contents.REPO).stdout.split("\n"))  # fmt: skip
+    owner = {}  # an installed file -> its distribution (namespaces such as google.* are shared by several)
+    for d in metadata.distributions():
+        for f in d.files or []:
+            owner[str(Path(str(d.locate_file(f))).resolve())] = canon(d.metadata["Name"])
+    dists = {owner[str(Path(f).resolve())] for f in loaded if f and str(Path(f).resolve()) in owner}
+    dists -= {canon("ray-image-classifier")}  # the project itself, as installed here (editable)
+    node_has = set(wheels.parse_node_has(wheels.DEFAULT_NODE_HAS))
+
+    def lookup(name: str) -> Found | None:
+        if name in node_has:
+            return Found(name, None, (), walk_on=False)
+        try:
+            d = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            return None
+        return Found(name, d.version, tuple(d.requires or ()))
+
+    project = wheels.project_requirements(contents.REPO / "pyproject.toml")
+    reached = set(walk(segments.engine_requirements(project), lookup).found)
+    assert dists, loaded
+    assert dists <= reached | node_has, dists - reached - node_has
 
 
 # --------------------------------------------------------------------------- the C API library
@@ -400,7 +544,8 @@ def test_libdirs_leaves_the_kits_site_out(tmp_path: Path, monkeypatch: pytest.Mo
 def test_the_requirement_check_names_each_unmet_requirement(tmp_path: Path) -> None:
     (tmp_path / "site").mkdir()
     reqs = ["packaging>=1", "packaging<1", "no-such-distribution-here>=1", 'pytest; sys_platform == "nowhere"']
-    (tmp_path / "kit.json").write_text(json.dumps({"requirements": reqs}))
+    (tmp_path / "kit.json").write_text(json.dumps({"requirements": reqs, "engine_requirements": reqs[:1]}))
+    assert node.unmet(tmp_path, "engines") == ([], {"kit": 0, "node": 1})  # the engines' requirements alone
     problems, counts = node.unmet(tmp_path)
     version = metadata.version("packaging")
     assert problems == [

@@ -3,10 +3,10 @@
 The project is the working tree's files that git knows of or does not ignore (`git ls-files --cached --others
 --exclude-standard`): the tracked files with their uncommitted changes, and the new files not committed yet (the
 kit's own node-side code among them while it is being written), never .git, ignored build outputs, or
-benchmarks/results/. The models are the files the GPU targets and configs/prod.yaml's variants read, and the CPU
-INT8 build the dry runs serve instead of the TensorRT one, with their quality reports; a missing one stops the
-build. wrk is the load generator: its binary and the shared libraries ldd
-resolves for it, but glibc's own (the node's glibc is newer than any here). Its libraries are the building
+benchmarks/results/. The models are the files the GPU targets and configs/prod.yaml's variants read, with their
+quality reports; the CPU INT8 build, which only a CPU dry run serves (in the TensorRT build's place), only with
+--cpu-int8 (the tests' kits); a missing one stops the build. wrk is the load generator: its binary and the shared
+libraries ldd resolves for it, but glibc's own (the node's glibc is newer than any here). Its libraries are the building
 machine's (its OpenSSL and libgcc_s among them), so they are put where only wrk looks: bin/wrk sets LD_LIBRARY_PATH
 for the real binary (libexec/wrk) alone. On the node's LD_LIBRARY_PATH they would shadow the node's own for every
 process, Python's ssl module and the C++ extensions included.
@@ -14,6 +14,7 @@ process, Python's ssl module and the C++ extensions included.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -26,9 +27,11 @@ REPO = Path(__file__).resolve().parents[2]
 NOT_CARRIED = ("benchmarks/results/",)  # result sets: the node writes its own
 MODEL = "efficientnet_lite0"
 # configs/prod.yaml's variants: fp32, int8-trt (TensorRT), fp16 (its fallback where TensorRT does not load); the CPU
-# INT8 build, which the CPU dry runs serve in the TensorRT artifact's place (benchmarks/gpu_serve/shape.py repoint)
+# INT8 build, which only the CPU dry runs serve, in the TensorRT artifact's place (benchmarks/gpu_serve/shape.py
+# repoint): with --cpu-int8 alone
 FP32, INT8_TRT, FP16, INT8 = (f"{MODEL}-{kind}.onnx" for kind in ("fp32", "int8-trt", "fp16", "int8"))
-MODEL_FILES = (FP32, INT8_TRT, FP16, INT8, f"{MODEL}-labels.txt")
+MODEL_FILES = (FP32, INT8_TRT, FP16, f"{MODEL}-labels.txt")
+DRY_RUN_MODEL_FILES = (INT8,)
 # glibc's libraries: the node brings its own (2.39, newer than the building machine's); ld.so resolves them
 GLIBC = re.compile(r"^(linux-vdso|ld-linux|libc|libm|libpthread|libdl|librt|libresolv|libutil|libanl|libmvec)\b")
 WRK_WRAPPER = """#!/bin/sh
@@ -57,13 +60,48 @@ def project_files(repo: Path = REPO) -> Project:
     return Project(keep, [f for f in keep if f in untracked], git(repo, "rev-parse", "HEAD").strip())
 
 
-def model_files(models: Path) -> list[Path]:
-    """The model files the kit carries and each one's report beside it; a missing one: a KitError naming it."""
-    missing = [name for name in MODEL_FILES if not (models / name).is_file()]
+def model_files(models: Path, cpu_int8: bool = False) -> list[Path]:
+    """The model files the kit carries (with `cpu_int8`, the dry runs' CPU INT8 build too) and each one's report
+    beside it; a missing one: a KitError naming it."""
+    names = (*MODEL_FILES, *(DRY_RUN_MODEL_FILES if cpu_int8 else ()))
+    missing = [name for name in names if not (models / name).is_file()]
     if missing:
         raise KitError(f"{', '.join(str(models / m) for m in missing)} missing: run `make models`")
-    reports = sorted(r for name in MODEL_FILES for r in models.glob(f"{name.removesuffix('.onnx')}.report.*"))
-    return [models / name for name in MODEL_FILES] + reports
+    reports = sorted(r for name in names for r in models.glob(f"{name.removesuffix('.onnx')}.report.*"))
+    return [models / name for name in names] + reports
+
+
+def work_tree(path: Path) -> Path | None:
+    """The root of the git work tree holding `path` (it need not exist yet), or None."""
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    done = subprocess.run(["git", "-C", str(probe if probe.is_dir() else probe.parent), "rev-parse", "--show-toplevel"],
+                          capture_output=True, text=True)  # fmt: skip
+    return Path(done.stdout.strip()) if done.returncode == 0 else None
+
+
+def ignored(repo: Path, folder: Path) -> bool:
+    """Whether git ignores what is in `folder` in `repo` (so that a call carries it only when named). Asked of a file
+    in it: a pattern for a folder (`/.gpukit/`) matches a path git cannot see is one until it exists."""
+    probe = folder / "manifest.json"
+    return subprocess.run(["git", "-C", str(repo), "check-ignore", "-q", str(probe)]).returncode == 0
+
+
+def travelling_bytes(repo: Path) -> dict[str, int]:
+    """What travels with every call from the checkout `repo`, as the device tool sends it: the files git tracks or
+    does not ignore (those present), and shared/ where the checkout has one; in bytes, with benchmarks/results/
+    (the result sets, most of it in this project) on its own line."""
+    listed = git(repo, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
+    sizes = {f: (repo / f).lstat().st_size for f in listed if f and os.path.lexists(repo / f)}
+    shared = repo / "shared"
+    if shared.is_dir():
+        for p in shared.rglob("*"):
+            rel = str(p.relative_to(repo))
+            if rel not in sizes and (p.is_file() or p.is_symlink()):
+                sizes[rel] = p.lstat().st_size
+    return {"bytes": sum(sizes.values()), "files": len(sizes),
+            "results_bytes": sum(v for f, v in sizes.items() if f.startswith(NOT_CARRIED))}  # fmt: skip
 
 
 def shared_libraries(binary: Path) -> list[Path]:

@@ -2,7 +2,7 @@
 
     python -m benchmarks.gpu_kit.node libdirs --exclude SITE   # LD_LIBRARY_PATH for the CUDA 13 / cuDNN 9 libraries
     python -m benchmarks.gpu_kit.node scripts SITE              # the site's console scripts run with this Python
-    python -m benchmarks.gpu_kit.node check ROOT                # every requirement met by what Python imports now
+    python -m benchmarks.gpu_kit.node check ROOT --phase P     # a phase's requirements met by what Python imports now
     python -m benchmarks.gpu_kit.node env                       # the environment the checks then run in
 
 Only the standard library, and `packaging` for `check`: this runs before anything else of the project is known to
@@ -79,9 +79,10 @@ def fix_scripts(bin_dir: Path, python: str) -> list[str]:
     return changed
 
 
-def unmet(root: Path) -> tuple[list[str], dict[str, int]]:
-    """The requirements (kit.json's, and on through the distributions the kit carries) not met by what Python
-    imports now; and how many distributions came from the kit's site and from the node's."""
+def unmet(root: Path, phase: str = "serve") -> tuple[list[str], dict[str, int]]:
+    """The requirements of `phase` (kit.json's: the engines' alone, or all of them for serving; and on through the
+    distributions the kit carries) not met by what Python imports now; how many distributions came from the kit's
+    site and from the node's."""
     from benchmarks.gpu_kit.closure import Found, walk
 
     kit_site = (root / "site").resolve()
@@ -94,7 +95,8 @@ def unmet(root: Path) -> tuple[list[str], dict[str, int]]:
         where = Path(str(d.locate_file(""))).resolve()
         return Found(d.metadata["Name"], d.version, tuple(d.requires or ()), where == kit_site)
 
-    done = walk(json.loads((root / "kit.json").read_text())["requirements"], lookup)
+    declared = json.loads((root / "kit.json").read_text())
+    done = walk(declared["engine_requirements"] if phase == "engines" else declared["requirements"], lookup)
     kit = sum(f.walk_on for f in done.found.values())
     return done.problems, {"kit": kit, "node": len(done.found) - kit}
 
@@ -127,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     libdirs = sub.add_parser("libdirs", help="print the library folders, ':'-joined; the missing ones on stderr")
     libdirs.add_argument("--exclude", type=Path, action="append", default=[])
     sub.add_parser("scripts").add_argument("site", type=Path)
-    sub.add_parser("check").add_argument("root", type=Path)
+    check = sub.add_parser("check")
+    check.add_argument("root", type=Path)
+    check.add_argument("--phase", choices=("engines", "serve"), default="serve")
     sub.add_parser("env")
     a = p.parse_args(argv)
     if a.step == "libdirs":
@@ -140,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         fix_scripts(a.site / "bin", sys.executable)
     elif a.step == "check":
         try:
-            problems, counts = unmet(a.root)
+            problems, counts = unmet(a.root, a.phase)
         except ImportError as e:  # packaging: neither the kit nor the node has it
             print(f"unmet: cannot check the requirements: {e}")
             return EXIT_UNMET

@@ -1,4 +1,8 @@
-"""Files of the carried site that Python never loads, left out only where that is proven here, at every build.
+"""Files of the carried site that no step loads, left out only where that is proven here, at every build.
+
+Two kinds are left out by their names alone, each with its reason in the manifest: extension modules built for
+another CPython than the node's (name.cpython-3XY[t]-...so: an interpreter imports only its own tag's; nvImageCodec's
+wheel ships seven of them, 5 MB each), and UNUSED (py-spy's binary, the dashboard's on-demand profiler).
 
 The candidates are named (CANDIDATES), never guessed. onnxruntime/capi/libonnxruntime.so.<version> is ONNX
 Runtime's C API library, for C and C++ programs: the Python binding (onnxruntime_pybind11_state.*.so) has the
@@ -26,6 +30,11 @@ from pathlib import Path
 from typing import Any
 
 CANDIDATES = ("onnxruntime/capi/libonnxruntime.so.*",)  # globs under the site
+# Files no step runs, each with its reason: py-spy is the dashboard's on-demand profiler (Ray runs it only when a user
+# asks the dashboard for a stack or a flame graph, and says so when it is missing); 7.8 MB of Rust.
+UNUSED = {"bin/py-spy": "the dashboard's on-demand profiler: no step of the kit asks the dashboard to profile"}
+# An extension module for one CPython: name.cpython-<major><minor>[t]-<platform>.so (PEP 3149; t: free-threaded)
+ABI_TAGGED = re.compile(r"\.cpython-(\d)(\d+)(t?)-[a-z0-9_]+-linux-gnu\.so$")
 JARS, JARS_GUARD = "ray/jars", ("ray/_private/services.py", "ray_java_installed = False")
 
 Dynamic = Callable[[Path], tuple[str | None, tuple[str, ...]]]  # a file -> (SONAME, NEEDED)
@@ -83,9 +92,36 @@ def prune_jars(site: Path) -> list[dict[str, Any]]:
     return [entry]
 
 
-def prune(site: Path, candidates: tuple[str, ...] = CANDIDATES, dynamic: Dynamic | None = None) -> list[dict[str, Any]]:
+def prune_other_pythons(site: Path, python_version: str) -> list[dict[str, Any]]:
+    """Extension modules built for another CPython than the node's: its interpreter imports only those of its own
+    tag (importlib.machinery.EXTENSION_SUFFIXES: cpython-312-x86_64-linux-gnu, abi3, plain .so), never another
+    version's nor the free-threaded build's. nvImageCodec's wheel ships its module for CPython 3.9 to 3.14t, 5 MB
+    each."""
+    major, minor = python_version.split(".")[:2]
+    out = []
+    for lib in sorted(site.rglob("*.so")):
+        tag = ABI_TAGGED.search(lib.name)
+        if tag and (tag[1], tag[2], tag[3]) != (major, minor, "") and not lib.is_symlink():
+            why = f"an extension module for CPython {tag[1]}.{tag[2]}{tag[3]}, not the node's {major}.{minor}"
+            out.append({"file": str(lib.relative_to(site)), "bytes": lib.stat().st_size, "removed": why})
+            lib.unlink()
+    return out
+
+
+def prune_unused(site: Path, unused: dict[str, str] = UNUSED) -> list[dict[str, Any]]:
+    out = []
+    for rel, why in unused.items():
+        if (site / rel).is_file():
+            out.append({"file": rel, "bytes": (site / rel).stat().st_size, "removed": why})
+            (site / rel).unlink()
+    return out
+
+
+def prune(
+    site: Path, candidates: tuple[str, ...] = CANDIDATES, dynamic: Dynamic | None = None, python_version: str = "3.12"
+) -> list[dict[str, Any]]:
     """Remove each proven-unused candidate from `site`; what was removed and what was kept, with the reason."""
-    out = prune_jars(site)
+    out = [*prune_jars(site), *prune_other_pythons(site, python_version), *prune_unused(site)]
     if dynamic is None and shutil.which("readelf") is None:
         return [*out, *({"file": c, "kept": "readelf not found here: nothing proven"} for c in candidates)]
     for pattern in candidates:

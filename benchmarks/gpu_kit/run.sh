@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
-# The GPU kit on a node without network (python -m benchmarks.gpu_kit build DIR wrote this beside its parts).
-#   bash run.sh receive [FROM_DIR]   store the parts found in FROM_DIR (default: this script's folder), verified
-#   bash run.sh run [--cpu-dry-run] [--project DIR] [-- ARGS for gpu_serve]   assemble once, check, run gpu_check,
-#                                     gpu_decode, then gpu_serve (--project: a checkout's code instead of the kit's)
-# Needs bash, coreutils, tar and the node's Python (KIT_PYTHON, default python3). The store is
-# ${APP_KIT_HOME:-/root/app-gpu-kit}: parts/, the assembled root/, results/ (or $OUT).
-# Exit status of run: 0 both steps passed; 4 gpu_check failed, 5 gpu_serve failed, 6 both; 3 a requirement is not
-# met; 2 parts missing; 1 the kit could not be assembled.
+# The GPU kit on a node without network (python -m benchmarks.gpu_kit build DIR wrote this into each call folder).
+#   bash run.sh call FOLDER       store the part in FOLDER, then run what the stored parts now allow and has not run
+#                                 yet: the engines once their segment is whole, the served app once everything is
+#   bash run.sh receive [FOLDER]  store the parts found in FOLDER (default: this script's folder), sha256 checked
+#   bash run.sh run [PHASES] [--cpu-dry-run] [--project DIR] [-- ARGS for gpu_serve]
+#                                 unpack what PHASES need and run them again (engines, serve, gpu-decode; comma-
+#                                 separated; default engines,serve); --project: a checkout's code instead of the kit's
+# Needs bash, coreutils and the node's Python (KIT_PYTHON, default python3). The store is
+# ${APP_KIT_HOME:-/root/app-gpu-kit}: parts/, the unpacked root/, results/ (each step's). What comes back from a call
+# goes to $OUT as each step ends (benchmarks/gpu_kit/runner.py); outside a device call, $STORE/out.
+# Exit status: 0 every step run passed; 4 a step failed (its archive in $OUT says why); 3 a requirement is not met;
+# 2 parts missing or refused; 1 the kit could not be unpacked.
 set -euo pipefail
 
+STARTED=$(date +%s)  # the command's start: the steps' timeouts count from it (one device command runs 600 s)
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 STORE=${APP_KIT_HOME:-/root/app-gpu-kit}
 PY=${KIT_PYTHON:-python3}
-CHECK_TIMEOUT=${KIT_CHECK_TIMEOUT_S:-240}
-SERVE_TIMEOUT=${KIT_SERVE_TIMEOUT_S:-420}
-DECODE_TIMEOUT=${KIT_DECODE_TIMEOUT_S:-120}
-TARGETS=${KIT_TARGETS:-cuda-fp32,cuda-fp32-graphs,cuda-fp16,cuda-fp16-graphs,trt-int8,trt-fp16}
 PROJECT=''  # run: --project DIR, a checkout of the project to run instead of the kit's copy (its code, the kit's rest)
 export PYTHONUNBUFFERED=1
 
@@ -24,26 +25,30 @@ fail() { say "error: $2" >&2; exit "$1"; }
 
 usage() {
   cat <<EOF
-usage: bash run.sh receive [FROM_DIR]       store the parts in FROM_DIR (default $HERE), sha256 checked
-       bash run.sh run [--cpu-dry-run] [--project DIR] [-- ARGS]   assemble, check the requirements, run gpu_check
-                                     and gpu_serve (--project: a checkout's code instead of the kit's copy)
-store: $STORE (APP_KIT_HOME); Python: $PY (KIT_PYTHON); results: \${OUT:-$STORE/results}
-timeouts: KIT_CHECK_TIMEOUT_S=$CHECK_TIMEOUT, KIT_DECODE_TIMEOUT_S=$DECODE_TIMEOUT, KIT_SERVE_TIMEOUT_S=$SERVE_TIMEOUT
-gpu_check targets: KIT_TARGETS=$TARGETS
+usage: bash run.sh call FOLDER           store the part in FOLDER, then run what the stored parts now allow
+       bash run.sh receive [FOLDER]      store the parts in FOLDER (default $HERE), sha256 checked
+       bash run.sh run [PHASES] [--cpu-dry-run] [--project DIR] [-- ARGS]   PHASES: engines, serve, gpu-decode
+store: $STORE (APP_KIT_HOME); Python: $PY (KIT_PYTHON); results: \${OUT:-$STORE/out}
 EOF
 }
 
-# manifest.json fields, read with the node's Python (json): one part per line "NAME BYTES SHA256", or one value
+# manifest.json, read with the node's Python (json): one part per line "NAME BYTES SHA256"; a field; a segment's parts
 parts_of() {
   "$PY" -c 'import json, sys
 for p in json.load(open(sys.argv[1]))["parts"]: print(p["name"], p["bytes"], p["sha256"])' "$1"
 }
 field_of() { "$PY" -c 'import json, sys; m = json.load(open(sys.argv[1])); print(m[sys.argv[2]][sys.argv[3]] if len(sys.argv) > 3 else m[sys.argv[2]])' "$@"; }
+segment_parts() { "$PY" -c 'import json, sys; print(*json.load(open(sys.argv[1]))["segments"][sys.argv[2]]["parts"])' "$STORE/manifest.json" "$1"; }
 sha256() { sha256sum "$1" | cut -d' ' -f1; }
+build_id() { field_of "$STORE/manifest.json" build_id; }
 
-missing_parts() {
-  local name size sum
-  while read -r name size sum; do [ -f "$STORE/parts/$name" ] || echo "$name"; done < <(parts_of "$STORE/manifest.json")
+missing_parts() {  # of all parts, or of one segment's
+  local name
+  if [ $# -gt 0 ]; then
+    for name in $(segment_parts "$1"); do [ -f "$STORE/parts/$name" ] || echo "$name"; done
+  else
+    while read -r name _ _; do [ -f "$STORE/parts/$name" ] || echo "$name"; done < <(parts_of "$STORE/manifest.json")
+  fi
 }
 
 report_parts() {
@@ -51,7 +56,7 @@ report_parts() {
   total=$(parts_of "$STORE/manifest.json" | wc -l)
   missing=$(missing_parts | tr '\n' ' ')
   if [ -z "$missing" ]; then
-    say "all $total parts stored in $STORE/parts: bash $STORE/run.sh run"
+    say "all $total parts stored in $STORE/parts"
   else
     say "stored $((total - $(wc -w <<<"$missing"))) of $total parts; still missing: $missing"
   fi
@@ -64,9 +69,9 @@ receive() {
   [ -f "$manifest" ] || manifest=$HERE/manifest.json
   [ -f "$manifest" ] || fail 2 "no manifest.json in $from or $HERE"
   mkdir -p "$STORE/parts"
-  if [ -f "$STORE/manifest.json" ] && [ "$(field_of "$STORE/manifest.json" build_id)" != "$(field_of "$manifest" build_id)" ]; then
-    say "the store held another kit ($(field_of "$STORE/manifest.json" built)): its parts and assembly are removed"
-    rm -rf "$STORE/parts" "$STORE/root" "$STORE/root.tmp"
+  if [ -f "$STORE/manifest.json" ] && [ "$(build_id)" != "$(field_of "$manifest" build_id)" ]; then
+    say "the store held another kit ($(field_of "$STORE/manifest.json" built)): its parts, unpacked files and results are removed"
+    rm -rf "$STORE/parts" "$STORE/root" "$STORE/results" "$STORE"/done-*
     mkdir -p "$STORE/parts"
   fi
   cp "$manifest" "$STORE/manifest.json.tmp" && mv "$STORE/manifest.json.tmp" "$STORE/manifest.json"
@@ -89,34 +94,86 @@ receive() {
   return "$refused"
 }
 
-assemble() {
-  local want root=$STORE/root files expected t0=$SECONDS
-  want=$(field_of "$STORE/manifest.json" build_id)
-  if [ -f "$root/.assembled" ] && [ "$(cat "$root/.assembled")" = "$want" ]; then
-    say "the kit is assembled already ($root): reused"
+# unpack SEGMENT: its streams, read from the stored parts at their offsets, each checked against its sha256, then
+# decompressed (the node Python's lzma) and extracted (tarfile) into $STORE/root; once per build
+unpack() {
+  local segment=$1 root=$STORE/root t0=$SECONDS
+  if [ "$(cat "$root/.unpacked-$segment" 2>/dev/null || true)" = "$(build_id)" ]; then
+    say "segment $segment: unpacked already ($root)"
     return 0
   fi
-  local -a parts=()
-  while read -r name _ _; do parts+=("$STORE/parts/$name"); done < <(parts_of "$STORE/manifest.json")
-  say "verifying the archive (${#parts[@]} parts)"
-  [ "$(cat "${parts[@]}" | sha256sum | cut -d' ' -f1)" = "$(field_of "$STORE/manifest.json" archive sha256)" ] ||
-    fail 1 "the parts together do not make the archive the manifest names: receive them again"
-  rm -rf "$root" "$STORE/root.tmp"
-  mkdir -p "$STORE/root.tmp"
-  say "unpacking into $root"
-  cat "${parts[@]}" |
-    "$PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer, 1 << 20)' |
-    tar -x -C "$STORE/root.tmp" || fail 1 "unpacking failed (lzma or tar above says why)"
-  [ "$(field_of "$STORE/root.tmp/kit.json" build_id)" = "$want" ] || fail 1 "the unpacked kit.json is another build's"
-  files=$(find "$STORE/root.tmp" \( -type f -o -type l \) | wc -l)
-  expected=$(field_of "$STORE/root.tmp/kit.json" files)
-  [ "$files" -eq "$expected" ] || fail 1 "unpacked $files files, the kit has $expected"
-  echo "$want" >"$STORE/root.tmp/.assembled"
-  mv "$STORE/root.tmp" "$root"
-  say "assembled $files files in $((SECONDS - t0)) s"
+  say "segment $segment: verifying and unpacking into $root"
+  mkdir -p "$root"
+  "$PY" - "$STORE" "$segment" <<'PY' || fail 1 "unpacking the segment $segment failed (above)"
+import hashlib, io, json, lzma, sys, tarfile
+
+store, segment = sys.argv[1], sys.argv[2]
+manifest = json.load(open(f"{store}/manifest.json"))
+parts, starts, at = manifest["parts"], [], 0
+for p in parts:
+    starts.append(at)
+    at += p["bytes"]
+
+
+def chunks(offset, length, size=1 << 20):
+    """The bytes [offset, offset + length) of the parts' concatenation."""
+    for p, start in zip(parts, starts):
+        lo, hi = max(offset, start), min(offset + length, start + p["bytes"])
+        if lo < hi:
+            with open(f"{store}/parts/{p['name']}", "rb") as f:
+                f.seek(lo - start)
+                left = hi - lo
+                while left:
+                    data = f.read(min(size, left))
+                    if not data:
+                        sys.exit(f"{p['name']} is shorter than the manifest says")
+                    left -= len(data)
+                    yield data
+
+
+class Stream(io.RawIOBase):
+    def __init__(self, offset, length):
+        self.source, self.rest = chunks(offset, length), b""
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        while not self.rest:
+            self.rest = next(self.source, None)
+            if self.rest is None:
+                self.rest = b""
+                return 0
+        n = min(len(buffer), len(self.rest))
+        buffer[:n], self.rest = self.rest[:n], self.rest[n:]
+        return n
+
+
+streams = [s for s in manifest["archive"]["streams"] if s["segment"] == segment]
+for s in streams:
+    digest = hashlib.sha256()
+    for data in chunks(s["offset"], s["bytes"]):
+        digest.update(data)
+    if digest.hexdigest() != s["sha256"]:
+        sys.exit(f"stream {s['kind']} of {segment}: its sha256 is not the manifest's: receive the parts again")
+files, extract = 0, {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}
+for s in streams:
+    with lzma.open(io.BufferedReader(Stream(s["offset"], s["bytes"]), 1 << 20)) as xz:
+        with tarfile.open(fileobj=xz, mode="r|") as tar:
+            for member in tar:
+                tar.extract(member, f"{store}/root", **extract)
+                files += 1
+expected = manifest["segments"][segment]["files"]
+if files != expected:
+    sys.exit(f"unpacked {files} files of {segment}, the kit has {expected}")
+print(f"{files} files")
+PY
+  [ "$(field_of "$root/kit.json" build_id)" = "$(build_id)" ] || fail 1 "the unpacked kit.json is another build's"
+  build_id >"$root/.unpacked-$segment"
+  say "segment $segment: unpacked in $((SECONDS - t0)) s"
 }
 
-# the environment of the checks: the kit's site first (its onnxruntime-gpu shadows the node's onnxruntime), then the
+# the environment of the steps: the kit's site first (its onnxruntime-gpu shadows the node's onnxruntime), then the
 # project; the node Python's own CUDA 13 / cuDNN 9 libraries; the kit's wrk and the site's console scripts on PATH
 environment() {
   local root=$STORE/root libdirs
@@ -128,81 +185,85 @@ environment() {
   (cd "$PROJECT" && "$PY" -m benchmarks.gpu_kit.node scripts "$root/site")
 }
 
-# step NAME LIMIT CMD...: run CMD in the project under timeout; its exit status in RC
-step() {
-  local name=$1 limit=$2 t0=$SECONDS
-  shift 2
-  say "$name: start (at most ${limit} s): $*"
-  RC=0
-  (cd "$PROJECT" && timeout --kill-after=30 "$limit" "$@") || RC=$?
-  say "$name: exit $RC after $((SECONDS - t0)) s$([ "$RC" -eq 124 ] && echo ' (timed out)' || true)"
+needs() {  # the segments a list of phases needs
+  case ,$1, in *,serve,*|*,gpu-decode,*) echo engines serving ;; *) echo engines ;; esac
 }
 
-known_targets() {  # the targets of $TARGETS that gpu_check's --help names; the others said and left out
-  local help t known=()
-  help=$(cd "$PROJECT" && "$PY" -m benchmarks.gpu_check --help 2>&1) || true
-  for t in ${TARGETS//,/ }; do
-    if grep -qw -- "$t" <<<"$help"; then known+=("$t"); else say "gpu_check does not know the target $t: left out" >&2; fi
+# run_phases PHASES [--cpu-dry-run] [-- ARGS]: unpack, check, then the runner (benchmarks/gpu_kit/runner.py)
+run_phases() {
+  local phases=$1 segment missing check_phase=engines rc=0
+  shift
+  for segment in $(needs "$phases"); do
+    missing=$(missing_parts "$segment" | tr '\n' ' ')
+    [ -z "$missing" ] || fail 2 "the $segment segment's parts are not all stored: $missing(bash run.sh call FOLDER)"
   done
-  (IFS=,; echo "${known[*]}")
+  for segment in $(needs "$phases"); do unpack "$segment"; done
+  [ "$(needs "$phases")" = "engines" ] || check_phase=serve
+  PROJECT=${PROJECT:-$STORE/root/project}
+  say "project: $PROJECT"
+  environment
+  say "checking what the $check_phase phase requires against what $PY imports now"
+  (cd "$PROJECT" && "$PY" -m benchmarks.gpu_kit.node check "$STORE/root" --phase "$check_phase") ||
+    fail 3 "requirements not met (above)"
+  (cd "$PROJECT" && "$PY" -m benchmarks.gpu_kit.node env)
+  if command -v nvidia-smi >/dev/null; then nvidia-smi -L || true; else say "no nvidia-smi on this node"; fi
+  (cd "$PROJECT" && "$PY" -m benchmarks.gpu_kit.runner "$phases" --store "$STORE" --out "$OUT" \
+    --models "$APP_MODEL_DIR" --started "$STARTED" "$@") || rc=$?
+  for p in ${phases//,/ }; do build_id >"$STORE/done-$p"; done
+  say "results in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
+  if [ "$rc" -ne 0 ]; then say "a step failed (exit $rc): its archive in $OUT says why"; return 4; fi
 }
 
-run_kit() {
-  local dry=() extra=() check_rc serve_rc targets out marker
+parse_run_args() {  # sets DRY and EXTRA; PROJECT from --project
+  DRY=() EXTRA=()
   while [ $# -gt 0 ]; do
     case $1 in
-      --cpu-dry-run) dry=(--cpu-dry-run) ;;
+      --cpu-dry-run) DRY=(--cpu-dry-run) ;;
       --project) shift; [ -d "${1:-}" ] || fail 2 "--project: no folder ${1:-}"; PROJECT=$(cd "$1" && pwd) ;;
-      --) shift; extra=("$@"); break ;;
+      --) shift; EXTRA=("$@"); break ;;
       *) usage >&2; fail 2 "unknown argument $1" ;;
     esac
     shift
   done
-  [ -f "$STORE/manifest.json" ] || fail 2 "nothing received yet in $STORE: bash run.sh receive FOLDER, once per part"
-  local missing
-  missing=$(missing_parts | tr '\n' ' ')
-  [ -z "$missing" ] || fail 2 "parts missing from $STORE/parts: $missing(bash run.sh receive FOLDER for each)"
-  assemble
-  PROJECT=${PROJECT:-$STORE/root/project}
-  say "project: $PROJECT"
-  environment
-  say "checking the project's requirements against what $PY imports now"
-  (cd "$PROJECT" && "$PY" -m benchmarks.gpu_kit.node check "$STORE/root") || fail 3 "requirements not met (above)"
-  (cd "$PROJECT" && "$PY" -m benchmarks.gpu_kit.node env)
-  if command -v nvidia-smi >/dev/null; then nvidia-smi -L || true; else say "no nvidia-smi on this node"; fi
-  marker=$(mktemp)
-  targets=$(known_targets)
-  if [ -n "$targets" ]; then
-    step gpu_check "$CHECK_TIMEOUT" "$PY" -m benchmarks.gpu_check --targets "$targets" "${dry[@]}"
-  else
-    say "gpu_check: none of $TARGETS is known to it"; RC=2
+}
+
+start_log() {  # this command's console also in $OUT/run.log (it comes back with the results)
+  OUT=${OUT:-$STORE/out}
+  mkdir -p "$OUT"
+  exec > >(tee -a "$OUT/run.log") 2>&1
+  TEE=$!
+  trap 'exec >&- 2>&-; wait "$TEE" 2>/dev/null || true' EXIT  # the log complete before the command returns
+}
+
+call() {
+  local folder=${1:-} phases=() done_engines done_serve
+  [ -n "$folder" ] || fail 2 "call FOLDER: the folder this call carried"
+  shift
+  parse_run_args "$@"
+  start_log
+  receive "$folder" || fail 2 "a part was refused (above): repeat this call"
+  done_engines=$(cat "$STORE/done-engines" 2>/dev/null || true)
+  done_serve=$(cat "$STORE/done-serve" 2>/dev/null || true)
+  if [ -z "$(missing_parts engines)" ] && [ "$done_engines" != "$(build_id)" ]; then phases+=(engines); fi
+  if [ -z "$(missing_parts)" ] && [ "$done_serve" != "$(build_id)" ]; then phases+=(serve); fi
+  if [ ${#phases[@]} -eq 0 ]; then
+    say "nothing new to run yet: the next call carries the next part"
+    return 0
   fi
-  check_rc=$RC
-  # decode_in: gpu's decode with the app's own code, and its pixels against the CPU path's (reported, not in the exit
-  # status: a node without nvImageCodec still measures the rest)
-  if [ -f "$PROJECT/benchmarks/gpu_decode.py" ]; then
-    step gpu_decode "$DECODE_TIMEOUT" "$PY" -m benchmarks.gpu_decode "${dry[@]}"
-    say "gpu_decode exit $RC"
-  fi
-  if [ -f "$PROJECT/benchmarks/gpu_serve.py" ] || [ -d "$PROJECT/benchmarks/gpu_serve" ]; then
-    step gpu_serve "$SERVE_TIMEOUT" "$PY" -m benchmarks.gpu_serve "${dry[@]}" --models "$APP_MODEL_DIR" "${extra[@]}"
-  else
-    say "gpu_serve: missing from the kit's project (no benchmarks/gpu_serve.py in the tree it was built from)"; RC=127
-  fi
-  serve_rc=$RC
-  out=${OUT:-$STORE/results}
-  mkdir -p "$out"
-  find "$PROJECT/benchmarks/results" -maxdepth 1 -type f -name '*gpu*' -newer "$marker" \
-    -exec cp -t "$out" {} + 2>/dev/null || true
-  rm -f "$marker"
-  say "results in $out: $(cd "$out" && ls | tr '\n' ' ')"
-  say "gpu_check exit $check_rc, gpu_serve exit $serve_rc"
-  if [ "$check_rc" -ne 0 ] && [ "$serve_rc" -ne 0 ]; then exit 6; fi
-  if [ "$check_rc" -ne 0 ]; then exit 4; fi
-  if [ "$serve_rc" -ne 0 ]; then exit 5; fi
+  run_phases "$(IFS=,; echo "${phases[*]}")" "${DRY[@]}" -- "${EXTRA[@]}"
+}
+
+run_kit() {
+  local phases=engines,serve
+  case ${1:-} in engines*|serve*|gpu-decode*) phases=$1; shift ;; esac
+  parse_run_args "$@"
+  start_log
+  [ -f "$STORE/manifest.json" ] || fail 2 "nothing received yet in $STORE: bash run.sh call FOLDER, once per call"
+  run_phases "$phases" "${DRY[@]}" -- "${EXTRA[@]}"
 }
 
 case ${1:-} in
+  call) shift; call "$@" ;;
   receive) shift; receive "$@" ;;
   run) shift; run_kit "$@" ;;
   *) usage ;;

@@ -38,6 +38,12 @@ LEFT_OUT = {
     "scikit-image": "only calibration's and the benchmarks' sample photographs; the node has it anyway",
 }
 
+# Extras of a requirement that serving never uses: Ray Data is app/batch's (offline scoring), and with it pyarrow and
+# pandas (205 MB unpacked, ~45 MiB compressed) would travel, though the node has both.
+EXTRAS_LEFT_OUT = {
+    "ray": {"data": "Ray Data: app/batch's offline scoring only; gpu_check, gpu_decode and gpu_serve never import it"}
+}
+
 # The project's optional extras a GPU node needs: `gpu` (nvImageCodec, for decode_in: gpu).
 NODE_EXTRAS = ("gpu",)
 
@@ -110,13 +116,23 @@ def parse_node_has(items: Iterable[str]) -> dict[str, str | None]:
 
 
 def project_requirements(pyproject: Path, extras: Iterable[str] = NODE_EXTRAS) -> list[str]:
-    """The project's runtime dependencies and those of its `extras` (a GPU node's), less LEFT_OUT, as written in
-    pyproject.toml."""
+    """The project's runtime dependencies and those of its `extras` (a GPU node's), less LEFT_OUT and less the extras
+    of EXTRAS_LEFT_OUT, as written in pyproject.toml otherwise."""
     import tomllib  # Python 3.11+: the building machine's; the node never reads pyproject.toml
 
     project = tomllib.loads(pyproject.read_text())["project"]
     deps = [*project["dependencies"], *(d for e in extras for d in project["optional-dependencies"][e])]
-    return [d for d in deps if canonicalize_name(Requirement(d).name) not in LEFT_OUT]
+    return [without_extras(d) for d in deps if canonicalize_name(Requirement(d).name) not in LEFT_OUT]
+
+
+def without_extras(line: str) -> str:
+    """A requirement line less the extras EXTRAS_LEFT_OUT names for its distribution (unchanged when none)."""
+    req = Requirement(line)
+    drop = EXTRAS_LEFT_OUT.get(canonicalize_name(req.name), {})
+    if not drop or not set(req.extras) & set(drop):
+        return line
+    req.extras = {e for e in req.extras if e not in drop}
+    return str(req)
 
 
 def unshadow_nvidia(site: Path) -> bool:
