@@ -568,6 +568,25 @@ def test_the_sites_scripts_run_with_the_nodes_python(tmp_path: Path) -> None:
     assert "from app.front import main" in (bin_dir / "app-haproxy").read_text()
 
 
+@pytest.mark.parametrize("node_regular", [False, True], ids=["node-namespace", "node-regular"])
+def test_nvimgcodec_and_the_nodes_nvidia_packages_both_import_whatever_the_nodes_layout(
+    tmp_path: Path, node_regular: bool
+) -> None:
+    kit, node_site = tmp_path / "kit", tmp_path / "node"
+    (kit / "nvidia" / "nvimgcodec").mkdir(parents=True)
+    (kit / "nvidia" / "nvimgcodec" / "__init__.py").write_text("WHERE = 'kit'\n")
+    (node_site / "nvidia" / "cu13").mkdir(parents=True)
+    (node_site / "nvidia" / "cu13" / "__init__.py").write_text("WHERE = 'node'\n")
+    if node_regular:
+        (node_site / "nvidia" / "__init__.py").write_text("")
+    said = node.join_nvidia(kit, [kit, node_site])
+    assert ("regular package" in said) == node_regular
+    code = "import nvidia.nvimgcodec as a, nvidia.cu13 as b; print(a.WHERE, b.WHERE)"
+    env = {**os.environ, "PYTHONPATH": f"{kit}{os.pathsep}{node_site}"}
+    done = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True)  # -S: no site
+    assert done.stdout.strip() == "kit node", done.stderr
+
+
 def test_the_walk_on_the_node_stops_outside_the_kit() -> None:
     seen: list[str] = []
 

@@ -37,7 +37,8 @@ def replan(folder: Path) -> int:
     if over:
         grew = mib(now["bytes"] - saved["checkout"]["bytes"])
         print(
-            f"calls {over} carry over {mib(plan.CALL_BYTES)} now: the checkout grew by {grew}; build again",
+            f"calls {over} carry over {mib(plan.CALL_BYTES)} now: the checkout grew by {grew} since the build "
+            "(benchmarks/results/ back? `aside` again); or build again",
             file=sys.stderr,
         )
         return 1

@@ -2,6 +2,7 @@
 
     python -m benchmarks.gpu_kit.node libdirs --exclude SITE   # LD_LIBRARY_PATH for the CUDA 13 / cuDNN 9 libraries
     python -m benchmarks.gpu_kit.node scripts SITE              # the site's console scripts run with this Python
+    python -m benchmarks.gpu_kit.node nvidia SITE               # the kit's nvidia/ and the node's one package
     python -m benchmarks.gpu_kit.node check ROOT --phase P     # a phase's requirements met by what Python imports now
     python -m benchmarks.gpu_kit.node env                       # the environment the checks then run in
 
@@ -56,6 +57,32 @@ def library_dirs(sites: Iterable[Path], libraries: Iterable[str] = CUDA_LIBRARIE
                 if lib not in found and (lib_dir / lib).exists():
                     found[lib] = lib_dir
     return list(dict.fromkeys(found[lib] for lib in wanted if lib in found)), [x for x in wanted if x not in found]
+
+
+# The kit's nvidia/__init__.py where the node's `nvidia` is a regular package: one `nvidia` with both folders on its
+# __path__ (pkgutil.extend_path), so nvidia.nvimgcodec (the kit's) and the node's nvidia.* both import.
+EXTEND_PATH = (
+    "# the GPU kit's (benchmarks/gpu_kit/node.py join_nvidia): the node's nvidia packages stay importable\n"
+    "from pkgutil import extend_path\n\n__path__ = extend_path(__path__, __name__)\n"
+)
+
+
+def join_nvidia(kit_site: Path, sites: list[Path]) -> str:
+    """Make the kit's nvidia/ (nvImageCodec) and the node's nvidia/ (its CUDA libraries' packages) one package,
+    whichever way the node's is laid out: where it is a namespace package (no __init__.py, as the first GPU node's
+    pip packages), the kit's joins it as a namespace portion (no __init__.py either; build removed nvImageCodec's);
+    where it is a regular package, a regular package found later on sys.path would hide a namespace portion found
+    first, so the kit's gets an __init__.py that extends its __path__ to the node's (EXTEND_PATH). What it did."""
+    kit = kit_site / "nvidia"
+    if not kit.is_dir():
+        return "no nvidia package in the kit's site"
+    regular = [s / "nvidia" / "__init__.py" for s in sites if (s / "nvidia" / "__init__.py").is_file()]
+    regular = [r for r in regular if r.parent.resolve() != kit.resolve()]
+    if regular:
+        (kit / "__init__.py").write_text(EXTEND_PATH)
+        return f"the node's nvidia is a regular package ({regular[0]}): the kit's extends its __path__ to it"
+    (kit / "__init__.py").unlink(missing_ok=True)
+    return "the node's nvidia is a namespace package (or absent): the kit's joins it as a portion"
 
 
 def fix_scripts(bin_dir: Path, python: str) -> list[str]:
@@ -129,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     libdirs = sub.add_parser("libdirs", help="print the library folders, ':'-joined; the missing ones on stderr")
     libdirs.add_argument("--exclude", type=Path, action="append", default=[])
     sub.add_parser("scripts").add_argument("site", type=Path)
+    sub.add_parser("nvidia").add_argument("site", type=Path)
     check = sub.add_parser("check")
     check.add_argument("root", type=Path)
     check.add_argument("--phase", choices=("engines", "serve"), default="serve")
@@ -142,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         print(":".join(map(str, dirs)))
     elif a.step == "scripts":
         fix_scripts(a.site / "bin", sys.executable)
+    elif a.step == "nvidia":
+        print(f"nvidia: {join_nvidia(a.site, python_sites([a.site]))}")
     elif a.step == "check":
         try:
             problems, counts = unmet(a.root, a.phase)

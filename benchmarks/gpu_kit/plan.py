@@ -96,7 +96,10 @@ def make(parts: list[dict[str, Any]], streams: list[dict[str, Any]], checkout: d
         "estimate_s": round(total_s, 1),
         "assumptions": asdict(a),
         "targets": {"calls": MAX_CALLS, "minutes": MAX_MINUTES},
-        "fits": len(calls) <= MAX_CALLS and total_s / 60 <= MAX_MINUTES,
+        "fits": len(calls) <= MAX_CALLS
+        and total_s / 60 <= MAX_MINUTES
+        and all(c["total_bytes"] <= CALL_BYTES for c in calls)
+        and not runner.phases_over_limit(),
         "worst_case_s": {p: runner.worst_case_s(p) for p in runner.PHASES},
         "call_limit_s": runner.CALL_LIMIT_S,
         # with benchmarks/results/ set aside (aside.py) and the kit built again: this many calls
@@ -121,18 +124,30 @@ def render(plan: dict[str, Any]) -> list[str]:
         after = "; then " + " and ".join(runs_said(r) for r in call["runs"]) if call["runs"] else ""
         out.append(
             f"  call {call['call']}: carry {call['carry']} ({call['part']}, {mib(call['folder_bytes'])}; "
-            f"{mib(call['total_bytes'])} with the checkout), ~{call['estimate_s']:.0f} s: stores the part{after}"
+            f"{mib(call['total_bytes'])} with the checkout{over(call)}), ~{call['estimate_s']:.0f} s: "
+            f"stores the part{after}"
         )
         out.append(f"          {call['command']}")
     opt = plan["optional_call"]
-    out.append(f"  then, if the session has {opt['estimate_s'] / 60 + 4:.1f} minutes left (no carry), "
-               f"~{opt['estimate_s']:.0f} s: {runs_said(runner.GPU_DECODE)}")  # fmt: skip
+    worst = plan["worst_case_s"][runner.GPU_DECODE] / 60
+    said = runs_said(runner.GPU_DECODE)
+    out.append(f"  then, if `status` shows {worst:.1f} minutes left (no carry), ~{opt['estimate_s']:.0f} s: {said}")
     out.append(f"          {opt['command']}")
     minutes = plan["estimate_s"] / 60
-    verdict = "within" if plan["fits"] else "OVER"
+    t = plan["targets"]
+    missed = []
+    if len(calls) > t["calls"]:
+        missed.append(f"{len(calls)} calls")
+    if minutes > t["minutes"]:
+        missed.append(f"{minutes:.1f} minutes")
+    if any(c["total_bytes"] > CALL_BYTES for c in calls):
+        missed.append(f"calls over {mib(CALL_BYTES)}")
+    if runner.phases_over_limit():
+        missed.append(f"steps past a command's {runner.CALL_LIMIT_S} s: {', '.join(runner.phases_over_limit())}")
+    verdict = f"OVER: {', '.join(missed)};" if missed else "within"
     out.append(
         f"estimate: {minutes:.1f} device minutes for the {len(calls)} calls ({verdict} the targets of "
-        f"{plan['targets']['calls']} calls and {plan['targets']['minutes']:g} minutes): the start {a['start_s']:g} s, "
+        f"{t['calls']} calls, {t['minutes']:g} minutes, {mib(CALL_BYTES)} a call): the start {a['start_s']:g} s, "
         f"per call {a['call_s']:g} s + what it carries at {a['mib_per_s']:g} MiB/s, {a['gap_s']:g} s between calls, "
         f"unpacking at {a['unpack_mib_per_s']:g} MiB/s, per phase {a['check_s']:g} s of checks + its steps' expected "
         f"times ({', '.join(f'{s.name} {s.expected_s} s' for s in runner.STEPS if s.expected_s)})"
@@ -145,6 +160,10 @@ def render(plan: dict[str, Any]) -> list[str]:
     worst = ", ".join(f"{p} {s} s" for p, s in plan["worst_case_s"].items())
     out.append(f"each command at most: {worst} (every step to its limit; a command may run {plan['call_limit_s']} s)")
     return out
+
+
+def over(call: dict[str, Any]) -> str:
+    return f": OVER {mib(CALL_BYTES)}" if call["total_bytes"] > CALL_BYTES else ""
 
 
 def runs_said(phase: str) -> str:

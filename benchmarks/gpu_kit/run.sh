@@ -183,6 +183,7 @@ environment() {
   export PATH="$root/bin:$root/site/bin:$PATH"
   export APP_MODEL_DIR=$root/models
   (cd "$PROJECT" && "$PY" -m benchmarks.gpu_kit.node scripts "$root/site")
+  (cd "$PROJECT" && "$PY" -m benchmarks.gpu_kit.node nvidia "$root/site")
 }
 
 needs() {  # the segments a list of phases needs
@@ -247,7 +248,11 @@ call() {
   if [ -z "$(missing_parts engines)" ] && [ "$done_engines" != "$(build_id)" ]; then phases+=(engines); fi
   if [ -z "$(missing_parts)" ] && [ "$done_serve" != "$(build_id)" ]; then phases+=(serve); fi
   if [ ${#phases[@]} -eq 0 ]; then
-    say "nothing new to run yet: the next call carries the next part"
+    if [ -n "$(missing_parts)" ]; then
+      say "nothing new to run yet: the next call carries the next part"
+    else
+      say "every phase of this kit ran already (bash $STORE/run.sh run PHASES runs one again)"
+    fi
     return 0
   fi
   run_phases "$(IFS=,; echo "${phases[*]}")" "${DRY[@]}" -- "${EXTRA[@]}"

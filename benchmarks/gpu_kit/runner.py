@@ -102,6 +102,11 @@ def worst_case_s(phase: str) -> int:
     return SETUP_S + sum(s.limit_s + KILL_AFTER_S for s in steps_of([phase]))
 
 
+def phases_over_limit() -> list[str]:
+    """The phases whose worst case would not end SPARE_S before a command's limit (none, as the steps are set)."""
+    return [p for p in PHASES if worst_case_s(p) > CALL_LIMIT_S - SPARE_S]
+
+
 def given_s(step: Step, left_s: float) -> int:
     """The timeout `step` gets with `left_s` left of the command (0: not enough, skip it)."""
     room = int(left_s - SPARE_S - KILL_AFTER_S)
