@@ -19,9 +19,9 @@ import ray
 import yaml
 from ray.cluster_utils import Cluster
 
+from app.batch.cli import main
 from app.config import AppArgs
 from app.model import ModelFiles
-from app.ops.batch_cli import main
 from app.toolchain.report import build_report
 from app.toolchain.samples import sample_path
 from tests.batch_files import bad_files

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
+from app.batch.cli import main
 from app.batch.decoding import decode_batch
 from app.batch.evaluation import largest_drop, report, to_markdown
 from app.batch.pipeline import Job
@@ -22,7 +23,6 @@ from app.batch.sources import list_images
 from app.config import AppArgs, Limits
 from app.imaging.transform import Transform
 from app.model import ModelFiles
-from app.ops.batch_cli import main
 from app.toolchain.samples import sample_bytes
 from tests.batch_files import bad_files
 from tests.conftest import load_config, local_config

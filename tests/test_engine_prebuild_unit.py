@@ -1,4 +1,4 @@
-"""Engines built once per GPU type (app/ops/prebuild.py, `python -m app.runtime build-engines`), without a GPU.
+"""Engines built once per GPU type (app/runtime/prebuild.py, `python -m app.runtime build-engines`), without a GPU.
 
 TensorRT cannot load here, so the dry run and the refusal run as they are, and the one test that builds stands
 a CPU-only session in for the TensorRT one (as tests/test_engine_cache_unit.py does): what it checks is which
@@ -19,9 +19,8 @@ import yaml
 
 from app.config import AppArgs
 from app.model.prologue import served_model
-from app.ops import prebuild
-from app.ops.runtime_cli import main
-from app.runtime import select
+from app.runtime import prebuild, select
+from app.runtime.cli import main
 from app.runtime.ort_engine import OrtEngine
 from app.runtime.plan import CPU, TENSORRT, EngineChoice, Provider, RuntimeOptions
 from app.runtime.variants import runtime_options, speed_gate_for

@@ -21,8 +21,8 @@ import yaml
 
 from app.config import AppArgs
 from app.model import BUILTIN_MODEL, ModelFiles
-from app.ops.runtime_cli import main as plan_main
 from app.runtime import select
+from app.runtime.cli import main as plan_main
 from app.runtime.fallback import Build, NeedsTensorRT, tensorrt_absence, tensorrt_failed
 from app.runtime.ort_engine import OrtEngine
 from app.runtime.plan import CPU, CUDA, TENSORRT, EngineChoice, RuntimeOptions, cpu_choice

@@ -23,7 +23,7 @@ from app.model import TARGETS, ModelFiles, builtin_transform, is_builtin_file
 from app.model.declaration import PreprocessDeclaration
 from app.model.graph import graph_io_of, read_graph
 from app.model.prologue import served_model
-from app.ops.models_cli import main
+from app.models.cli import main
 from app.runtime import CPU, CUDA, usable_providers
 from app.toolchain.fp16 import (
     FP32_OPS,

@@ -23,7 +23,7 @@ from app.imaging.payloads import Pixels
 from app.imaging.preprocess import preprocess
 from app.imaging.standin_decoder import HostJpegDecoder
 from app.imaging.transform import Transform
-from app.ops import runtime_cli
+from app.runtime import cli as runtime_cli
 from app.runtime import cuda_transform
 from app.runtime.cuda_transform import DECODER_ENV, CudaImageTransform, decoder_factory, open_gpu_pixels, plan_decode
 from app.runtime.gpu_pixels import GpuPixels

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 import yaml
 
+from app.batch.cli import parser
 from app.ops import k8s
-from app.ops.batch_cli import parser
 
 REPO = Path(__file__).resolve().parent.parent
 K8S = REPO / "k8s"

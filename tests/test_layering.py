@@ -73,7 +73,7 @@ def test_the_import_contracts_hold() -> None:
         ("model/declaration.py", "from app.toolchain import build", "app.model.declaration -> app.toolchain.build"),
         ("pipeline/capture.py", "from app.toolchain import calibration", "app.pipeline.capture -> app.toolchain"),
         ("http/replies.py", "from app.serve import metrics", "app.http.replies -> app.serve.metrics"),
-        ("runtime/select.py", "import app.ops.prebuild", "app.runtime.select -> app.ops.prebuild"),
+        ("runtime/select.py", "import app.ops.capacity", "app.runtime.select -> app.ops.capacity"),
         # The Router loads no engine (ONNX Runtime would come with app.runtime's __init__).
         ("http/v2_operations.py", "from app.runtime import measure", "app.http.v2_operations -> app.runtime"),
         # Cycles the layers cannot see (siblings of one layer, modules of one package): acyclic_siblings.

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from app.model import ModelFiles
-from app.ops.models_cli import main
+from app.models.cli import main
 from app.toolchain.report import report_paths
 
 REPO = Path(__file__).resolve().parent.parent

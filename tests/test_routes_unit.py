@@ -35,8 +35,8 @@ def ingress(table: tuple[Route, ...]) -> Ingress:
     ing = router(VARIANTS, CONFIG).ingress
     parts = {type(r.handler.__self__): r.handler.__self__ for r in ing.routes.table}
     docs = Docs(ing.limits, VARIANTS, ing.policy, table)
-    routes = route_table(parts[V1], ing.v2, ing.grpc, parts[RolloutAPI], docs, table)
-    return Ingress(routes, ing.v2, ing.grpc, ing.replies, ing.policy, ing.front, ing.limits)
+    routes = route_table(parts[V1], ing.v2, parts[RolloutAPI], docs, table)
+    return Ingress(routes, ing.v2, ing.replies, ing.policy, ing.front, ing.limits)
 
 
 def call(ing: Ingress, method: str, path: str) -> tuple[int, Any, str | None]:

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from app.imaging.preprocess import preprocess
-from app.ops.runtime_cli import main as plan_main
 from app.runtime import measure as measure_module
+from app.runtime.cli import main as plan_main
 from app.runtime.measure import MAX_SPEEDUP, SpeedGate, Throughput, judge, measure_alternating
 from app.runtime.openvino_engine import OpenVinoEngine
 from app.runtime.ort_engine import PROVIDER_LIBRARIES, missing_libraries, usable_providers

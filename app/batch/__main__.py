@@ -1,8 +1,8 @@
-"""`python -m app.batch score|evaluate ...`: a thin face; the command line is app/ops/batch_cli.py."""
+"""`python -m app.batch score|evaluate ...`: a thin face; the command line is app/batch/cli.py."""
 
 import sys
 
-from app.ops.batch_cli import main
+from app.batch.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

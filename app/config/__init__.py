@@ -18,7 +18,7 @@ front's limits app/front/. A module a concept; this package re-exports what the 
 - `cascade.py`: `CascadeArgs` (`args.cascades`) and `CaptureArgs`, the images a cascade keeps
 - `router.py`, `classifier.py`: the Router's and each Classifier's user_config, and their deployments' names
 - `check.py`: `validate_serve_config`, a whole Serve config checked as a deploy would (`python -m app.config`:
-  app/ops/config_cli.py)
+  app/config/cli.py)
 - `serve_env.py`: `configs/serve.env`, read (made private to one Serve instance: app/front/instance.py)
 - `base.py`: the strict, frozen base of every model
 - `speed_gate.py`: `SpeedGateVerdict`, the speed gate's verdict (not a setting: the one record of it that app/runtime

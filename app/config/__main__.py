@@ -1,6 +1,6 @@
-"""`python -m app.config CONFIG...`: a thin face; the command line is app/ops/config_cli.py."""
+"""`python -m app.config CONFIG...`: a thin face; the command line is app/config/cli.py."""
 
-from app.ops.config_cli import main
+from app.config.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -9,7 +9,7 @@ arguments, unchanged, in the same pid.
 
 Its limits are the app config's `args.front` (AppArgs, validated with the rest), which `make serve`, the tests,
 the benchmarks and the RayService renderer hand to Serve's processes as APP_FRONT_* variables (`python -m app.front
-env CONFIG`, app/ops/front_cli.py, prints them for any other launcher; app/front/instance.py makes a whole Serve
+env CONFIG`, app/front/cli.py, prints them for any other launcher; app/front/instance.py makes a whole Serve
 environment); each Router compares what its requests' X-App-Front header says with its own config and says so in
 /v1/models.
 

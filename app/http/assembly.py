@@ -76,11 +76,11 @@ class RouterApp:
         v1 = V1(args, variants, pipeline, policy, bodies, replies, metrics, report, self.front, serve_request_id)
         ops = V2Operations(args, variants, pipeline, policy, replies, metrics)  # the V2 protocol's, for both
         v2 = V2(args, ops, policy, bodies, replies, parsers)
-        grpc = GRPC(args, ops, metrics)
+        self.grpc = GRPC(args, ops, metrics)  # the gRPC calls' handler (Serve calls the Router's method of each RPC)
         rollout = RolloutAPI(args.model.name, pipeline, policy, bodies)
         docs = Docs(args.limits, variants, self.policy, ROUTES)  # documents the table the Ingress dispatches on
-        routes = route_table(v1, v2, grpc, rollout, docs, ROUTES)
-        self.ingress = Ingress(routes, v2, grpc, replies, self.policy, self.front, args.limits)
+        routes = route_table(v1, v2, rollout, docs, ROUTES)
+        self.ingress = Ingress(routes, v2, replies, self.policy, self.front, args.limits)  # the HTTP requests
 
     def configure(self, cfg: RouterConfig) -> None:
         """A user_config, at deploy time or live."""

@@ -1,12 +1,13 @@
-"""The Open Inference Protocol over gRPC: each call decoded, handed to one operation of app/http/v2_operations.py
-(the same as REST's), and its answer encoded; errors as the call's status.
+"""The Open Inference Protocol over gRPC: each call decoded, handed to the protocol's operations (the same as REST's),
+and its answer encoded; errors as the call's status.
 
-Serve's gRPC ingress (its proxy, or with HAProxy each Router replica's own gRPC server) calls the Router's
-method named after the RPC with the request message and a `grpc_context`; the Router hands both here. The
-messages and their conversion are app/protocol/v2/grpc.py. What the REST endpoint does, this does in the same order
-with the same objects: the model name's pin, the size limit, admission, the A/B choice from the routing headers
-(here gRPC metadata, `x-user-id` and `x-model-variant` by default), the pipeline, Triton's statistics and the
-Router's metrics (endpoint `grpc`).
+`RPCS` is the one declaration of the gRPC methods: Serve's gRPC ingress (its proxy, or with HAProxy each Router
+replica's own gRPC server) calls the Router's method named after the RPC with the request message and a
+`grpc_context`, and the Router has one such method per entry, each handing both to `GRPC.call`. The messages and
+their conversion are app.protocol.v2.grpc. What the REST endpoint does, this does in the same order with the same
+objects: the model name's pin, the size limit, admission, the A/B choice from the routing headers (here gRPC
+metadata, `x-user-id` and `x-model-variant` by default), the pipeline, Triton's statistics and the Router's metrics
+(endpoint `grpc`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import Headers
@@ -21,28 +23,16 @@ from starlette.datastructures import Headers
 from app import __version__
 from app.config import AppArgs
 from app.errors import ServiceError
-from app.http.v2_operations import Outputs, V2Operations
-from app.pipeline.routing import Choice
+from app.http.v2_operations import V2Operations
 from app.protocol import v2
 from app.protocol.v2 import grpc as v2_grpc
 from app.protocol.v2.pb import grpc_service_pb2 as pb
 
 if TYPE_CHECKING:
     from app.http.ports import Metrics
-    from app.http.routes import RPC
 
 logger = logging.getLogger("ray.serve")
 ENDPOINT = "grpc"
-EMPTY: dict[str, Callable[[], Any]] = {
-    "ServerLive": pb.ServerLiveResponse,
-    "ServerReady": pb.ServerReadyResponse,
-    "ModelReady": pb.ModelReadyResponse,
-    "ServerMetadata": pb.ServerMetadataResponse,
-    "ModelMetadata": pb.ModelMetadataResponse,
-    "ModelConfig": pb.ModelConfigResponse,
-    "ModelStatistics": pb.ModelStatisticsResponse,
-    "ModelInfer": pb.ModelInferResponse,
-}
 
 
 def metadata_headers(context: Any) -> Headers:
@@ -57,12 +47,12 @@ class GRPC:
         self.ops = ops
         self.metrics = metrics
 
-    async def call(self, method: str, handler: RPC, msg: Any, context: Any) -> Any:
-        """One RPC to its handler (app/http/routes.py): its answer, or an empty message with the error's status set
-        on the context."""
+    async def call(self, method: str, msg: Any, context: Any) -> Any:
+        """One RPC to its handler in RPCS: its answer, or an empty message with the error's status set on the
+        context."""
         t0 = time.perf_counter()
         try:
-            return await handler(msg, metadata_headers(context))
+            return await BY_NAME[method].handler(self, msg, metadata_headers(context))
         except ServiceError as e:
             return self._fail(method, msg, context, e, t0)
         except Exception as e:  # a bug, not an input's fault: counted like every other error
@@ -79,7 +69,7 @@ class GRPC:
             context.set_code(code)
             context.set_details(details)
             context.set_trailing_metadata(trailing)
-        return EMPTY[method]()
+        return BY_NAME[method].empty()
 
     # -- health and metadata -------------------------------------------------------------
 
@@ -108,21 +98,41 @@ class GRPC:
 
     async def infer(self, msg: pb.ModelInferRequest, headers: Headers) -> pb.ModelInferResponse:
         t0 = time.perf_counter()
-        self.ops.pin(msg.model_name, msg.model_version or None)  # an unknown model: 404 before anything else
+        ops = self.ops
+        pinned = ops.pin(msg.model_name, msg.model_version or None)  # an unknown model: 404 before anything else
         size = v2_grpc.request_bytes(msg)  # already received whole by gRPC (its own limit is in configs/serve.env)
         if size > self.limits.max_body_bytes:
             raise ServiceError(
                 "payload_too_large",
                 f"the request carries {size} bytes of tensors; the limit is {self.limits.max_body_bytes}",
             )
-
-        async def parse(choice: Choice, image_shape: Callable[[], Awaitable[tuple[int, int, int]]]) -> v2.InferRequest:
-            return v2_grpc.infer_request(msg, self.limits, await image_shape())
-
-        def encode(name: str, req: v2.InferRequest, outputs: Outputs, parameters: dict[str, Any]) -> Any:
-            return v2_grpc.infer_response(name, v2.DEFAULT_VERSION, req.id, outputs, parameters)
-
-        reply, _ = await self.ops.infer(
-            ENDPOINT, msg.model_name, msg.model_version or None, size, headers, t0, t0, parse, encode
-        )
+        async with ops.admitted(size, headers):
+            choice = ops.choose(headers, pinned)
+            req = v2_grpc.infer_request(msg, self.limits, await ops.image_shape(choice))
+            outcome = await ops.run(req, choice, t0)
+        encoded_from = time.perf_counter()
+        outputs, parameters = await ops.outputs(req, outcome)
+        name = ops.model_name(pinned)
+        reply = v2_grpc.infer_response(name, v2.DEFAULT_VERSION, req.id, outputs, parameters)
+        ops.account(ENDPOINT, name, req, outcome, t0, encoded_from)
         return reply
+
+
+@dataclass(frozen=True)
+class Rpc:
+    name: str  # the method of GRPCInferenceService, and of the Router that Serve calls for it
+    handler: Callable[[GRPC, Any, Headers], Awaitable[Any]]
+    empty: Callable[[], Any]  # the reply an error carries (its status is on the call's context)
+
+
+RPCS: tuple[Rpc, ...] = (
+    Rpc("ServerLive", GRPC.server_live, pb.ServerLiveResponse),
+    Rpc("ServerReady", GRPC.server_ready, pb.ServerReadyResponse),
+    Rpc("ModelReady", GRPC.model_ready, pb.ModelReadyResponse),
+    Rpc("ServerMetadata", GRPC.server_metadata, pb.ServerMetadataResponse),
+    Rpc("ModelMetadata", GRPC.model_metadata, pb.ModelMetadataResponse),
+    Rpc("ModelConfig", GRPC.model_config, pb.ModelConfigResponse),
+    Rpc("ModelStatistics", GRPC.model_statistics, pb.ModelStatisticsResponse),
+    Rpc("ModelInfer", GRPC.infer, pb.ModelInferResponse),
+)
+BY_NAME = {rpc.name: rpc for rpc in RPCS}

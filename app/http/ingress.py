@@ -1,5 +1,5 @@
-"""The Router's front door: each HTTP request and gRPC call goes to its handler in the table of app/http/routes.py
-(a path under /v2 to V2's dispatch, in the protocol's error shape; any other to its route, exact or templated).
+"""The Router's HTTP front door: each request goes to its handler in the route table (a path under /v2 to V2's
+dispatch, in the protocol's error shape; any other to its route, exact or templated).
 
 Before a handler runs: the admission front's mark is noted, the URL's size is checked, an admin route's bearer
 token is checked; after: an error of any kind is the endpoint's JSON error (V2: the protocol's), never a 500
@@ -9,7 +9,6 @@ page, and the replica keeps serving.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -17,7 +16,6 @@ from starlette.responses import Response
 from app.config import Limits
 from app.errors import ServiceError
 from app.http.front_report import FrontReport
-from app.http.grpc import GRPC
 from app.http.policy import RouterPolicy
 from app.http.replies import Replies
 from app.http.routes import Routes
@@ -33,7 +31,6 @@ class Ingress:
         self,
         routes: Routes,
         v2: V2,
-        grpc: GRPC,
         replies: Replies,
         policy: RouterPolicy,
         front: FrontReport,
@@ -41,7 +38,6 @@ class Ingress:
     ) -> None:
         self.routes = routes
         self.v2 = v2
-        self.grpc = grpc
         self.replies = replies
         self.policy = policy
         self.front = front
@@ -77,10 +73,6 @@ class Ingress:
         except Exception as e:  # a bug, not an input's fault: keep the replica serving
             logger.exception("unhandled error on %s %s", request.method, request.url.path)
             return self.replies.error(path, ServiceError("internal_error", f"internal error ({type(e).__name__})"))
-
-    async def rpc(self, method: str, msg: Any, context: Any) -> Any:
-        """One gRPC call of the Open Inference Protocol: its answer, or an empty message with the error's status."""
-        return await self.grpc.call(method, self.routes.grpc[method], msg, context)
 
 
 def app_path(request: Request) -> str:

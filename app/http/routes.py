@@ -1,7 +1,6 @@
-"""The Router's routes: every HTTP path (v1, rollout, docs, health and the Open Inference Protocol's REST paths) in one
-table, with its method, the handler that answers it, whether it needs the admin token and its /openapi.json entry;
-and, beside it, the gRPC methods' handlers (Serve calls a method of the Router named after each RPC:
-app/serve/deployments.py).
+"""The Router's HTTP routes: every path (v1, rollout, docs, health and the Open Inference Protocol's REST paths) in one
+table, with its method, the handler that answers it, whether it needs the admin token and its /openapi.json entry.
+The gRPC methods have their own table beside their handlers (`grpc.RPCS`).
 
 `ROUTES` is the one declaration of the HTTP paths. Everything else is derived from it: the Ingress's dispatch
 (`Routes.http`, exact paths and templates alike), the V2 path matching (`Routes.v2`, read by app/protocol/v2's
@@ -13,44 +12,19 @@ an endpoint is one handler (a method of one of the Router's parts: V1, V2, Rollo
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
-
-from starlette.datastructures import Headers
-from starlette.responses import Response
 
 from app.http.docs import Docs, asset_media
 from app.http.openapi import ADMIN, BATCH_ERRORS, BODY, CLASSIFY_ERRORS, CONTROL, EVERY, Doc
 from app.http.rollout import RolloutAPI
+from app.http.route import Route
 from app.http.v1 import V1
 from app.http.v2 import V2
 from app.protocol import v1 as s
 from app.protocol import v2 as proto
 from app.protocol.paths import PathTable
 from app.rollout.spec import RolloutSpec
-
-if TYPE_CHECKING:
-    from app.http.grpc import GRPC
-
-RPC = Callable[[Any, Headers], Awaitable[Any]]  # a gRPC message and the call's metadata
-
-
-@dataclass(frozen=True)
-class Route:
-    method: str
-    path: str  # exact, or a template (app/protocol/paths.py): its parameters go to the handler
-    # In ROUTES the function of a part's class (V1.classify); bound to the Router's part by `route_table`. V2's take
-    # (request, path parameters); the others (request), a template's parameters in request.path_params.
-    handler: Callable[..., Awaitable[Response]]
-    doc: Doc | None = None  # its /openapi.json entry; None: not in the document (the V2 protocol's own)
-    admin: bool = False  # needs the admin bearer token (it changes the traffic or the evidence)
-
-    @property
-    def name(self) -> str:
-        """The handler's name: V2's operation (`infer`, `model_ready`, ...)."""
-        return self.handler.__name__
-
 
 M = proto.MODEL_PATH  # /v2/models/{model}[/versions/{version}]
 
@@ -184,26 +158,14 @@ class Routes:
     table: tuple[Route, ...]  # as declared, each handler bound
     http: PathTable[Route]  # every path but V2's: v1, rollout, docs, health
     v2: PathTable[Route]  # under /v2 (app/protocol/v2's match_v2_path)
-    grpc: dict[str, RPC]  # the RPC's name -> its handler (GRPCInferenceService)
 
 
-def route_table(v1: V1, v2: V2, grpc: GRPC, rollout: RolloutAPI, docs: Docs, table: Sequence[Route] = ROUTES) -> Routes:
+def route_table(v1: V1, v2: V2, rollout: RolloutAPI, docs: Docs, table: Sequence[Route] = ROUTES) -> Routes:
     bound = bind(table, (v1, v2, rollout, docs))
-    rpcs: dict[str, RPC] = {
-        "ServerLive": grpc.server_live,
-        "ServerReady": grpc.server_ready,
-        "ModelReady": grpc.model_ready,
-        "ServerMetadata": grpc.server_metadata,
-        "ModelMetadata": grpc.model_metadata,
-        "ModelConfig": grpc.model_config,
-        "ModelStatistics": grpc.model_statistics,
-        "ModelInfer": grpc.infer,
-    }
     return Routes(
         bound,
         PathTable((r.method, r.path, r) for r in bound if not proto.is_v2_path(r.path)),
         PathTable((r.method, r.path, r) for r in bound if proto.is_v2_path(r.path)),
-        rpcs,
     )
 
 

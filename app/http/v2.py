@@ -1,15 +1,13 @@
-"""The Open Inference Protocol (KServe V2) over REST: each request decoded, handed to one operation of
-app/http/v2_operations.py (the same for gRPC), and its answer encoded; errors in the protocol's flat shape.
-
-The codec (paths, tensors, metadata, the protocol's error shape) is app/protocol/v2/.
+"""The Open Inference Protocol (KServe V2) over REST: each request decoded, handed to the protocol's operations (the
+same as gRPC's), and its answer encoded; errors in the protocol's flat shape. The codec (paths, tensors, metadata,
+the protocol's error shape) is app.protocol.v2.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -20,14 +18,13 @@ from app.errors import ServiceError
 from app.http.body_reader import BodyReader
 from app.http.policy import RouterPolicy
 from app.http.replies import Replies, json_response
-from app.http.v2_operations import Outputs, V2Operations
-from app.pipeline.routing import Choice
+from app.http.route import Route
+from app.http.v2_operations import V2Operations
 from app.protocol import v2
 from app.protocol.v2.parse_pool import parse_request
 from app.request.body import check_encoding
 
 if TYPE_CHECKING:
-    from app.http.routes import Route
     from app.protocol.paths import PathTable
     from app.protocol.v2.parse_pool import ParsePool
 
@@ -102,8 +99,7 @@ class V2:
 
     async def infer(self, request: Request, params: Params) -> Response:
         t0 = time.perf_counter()
-        model, version = params["model"], params.get("version") or None
-        self.ops.pin(model, version)  # an unknown model is refused before its body is read
+        pinned = self.ops.pin(params["model"], params.get("version") or None)  # an unknown model: 404 before its body
         # Everything the headers can refuse is refused before the body is read.
         header_length = v2.parse_header_length(request.headers.get(v2.HEADER_LENGTH))
         encoding = request.headers.get("content-encoding")
@@ -115,21 +111,20 @@ class V2:
             )
         raw = await self.bodies.receive(request, json_limit if header_length is None and not compressed else body_limit)
         received = time.perf_counter()  # the deadline runs from the body's arrival, a wait for admission included
-
-        async def parse(choice: Choice, image_shape: Callable[[], Awaitable[tuple[int, int, int]]]) -> v2.InferRequest:
+        ops = self.ops
+        async with ops.admitted(len(raw), request.headers):
+            choice = ops.choose(request.headers, pinned)
             body = await self.bodies.inflate(raw, encoding, json_limit if header_length is None else body_limit)
-            shape = await image_shape()  # after the body is undone: a bad encoding is refused without a backend call
+            shape = await ops.image_shape(choice)  # after the body is undone: a bad encoding costs no backend call
             remaining = received + self.policy.config.inference_timeout_s - time.perf_counter()
-            return await parse_request(self.parsers, body, header_length, self.limits, shape, remaining)
-
-        def encode(name: str, req: v2.InferRequest, outputs: Outputs, parameters: dict[str, Any]) -> Response:
-            out, headers = v2.build_infer_response(
-                name, v2.DEFAULT_VERSION, req.id, outputs, req.binary_outputs, parameters
-            )
-            return Response(out, headers=headers)
-
-        reply, headers = await self.ops.infer(
-            ENDPOINT, model, version, len(raw), request.headers, t0, received, parse, encode
+            req = await parse_request(self.parsers, body, header_length, self.limits, shape, remaining)
+            outcome = await ops.run(req, choice, received)
+        encoded_from = time.perf_counter()
+        outputs, parameters = await ops.outputs(req, outcome)
+        name = ops.model_name(pinned)
+        out, headers = v2.build_infer_response(
+            name, v2.DEFAULT_VERSION, req.id, outputs, req.binary_outputs, parameters
         )
-        reply.headers.update(headers)
+        reply = Response(out, headers=headers)
+        reply.headers.update(ops.account(ENDPOINT, name, req, outcome, t0, encoded_from))
         return reply

@@ -1,17 +1,17 @@
-"""The Open Inference Protocol's operations over the pipeline, whatever the transport.
+"""The Open Inference Protocol's operations over the pipeline, whatever the transport: its data plane.
 
-REST (app/http/v2.py) and gRPC (app/http/grpc.py) each decode their message, call one operation here, and encode
-what it returns; the codec of each is app/protocol/v2/. An inference does, for both and in this order: the model
-name's pin, admission, the A/B choice from the routing headers (gRPC metadata for gRPC), the transport's parse
-of the tensors, the pipeline, the requested outputs, the transport's encoding, then the A/B evidence, Triton's
-statistics and the Router's metrics.
+REST's and gRPC's handlers each decode their message, call the operations here, and encode what they return. An
+inference is, for both and in this order: the model name's pin, admission, the A/B choice from the routing headers
+(gRPC metadata for gRPC), the transport's parse of the tensors, the pipeline, the requested outputs, the transport's
+encoding, then the A/B evidence, Triton's statistics and the Router's metrics (`account`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,7 +31,6 @@ from app.protocol.v2 import triton_config
 if TYPE_CHECKING:
     from app.http.ports import Metrics
 
-Reply = TypeVar("Reply")
 Outputs = dict[str, np.ndarray]
 
 
@@ -96,43 +95,27 @@ class V2Operations:
         if model in v2.model_names(self.args.model.name, self.variants):
             stats.models.failure(model, elapsed_s)
 
-    # -- inference -----------------------------------------------------------------------
+    # -- inference: the steps a transport's handler takes in order ----------------------
 
-    async def infer(
-        self,
-        endpoint: str,
-        model: str,
-        version: str | None,
-        size: int,
-        headers: Mapping[str, str],
-        t0: float,
-        received: float,
-        parse: Callable[[Choice, Callable[[], Awaitable[tuple[int, int, int]]]], Awaitable[v2.InferRequest]],
-        encode: Callable[[str, v2.InferRequest, Outputs, dict[str, Any]], Reply],
-    ) -> tuple[Reply, dict[str, str]]:
-        """One inference: the encoded reply and the headers a success carries.
+    def model_name(self, pinned: str | None) -> str:
+        """The V2 model name an answer carries: the A/B model's, or a pinned variant's."""
+        return v2.model_name_for(self.args.model.name, pinned)
 
-        size: the request's bytes (admission holds them while it waits); t0: when the request began; received:
-        when its body was in (the deadline runs from there); parse(choice, image_shape): the transport's tensors,
-        called once admitted (image_shape() asks the chosen variant's input shape, when the transport needs it);
-        encode(model name, request, outputs, parameters): the transport's reply."""
-        pinned = self.pin(model, version)
-        name = v2.model_name_for(self.args.model.name, pinned)
-        async with self.pipeline.admitted(size, self.policy.user(headers)):
-            choice = self.policy.choose(headers, pinned)
+    def admitted(self, size: int, headers: Mapping[str, str]) -> AbstractAsyncContextManager[None]:
+        """Admission for a request of `size` bytes from the caller its headers name; held while it is parsed and run."""
+        return self.pipeline.admitted(size, self.policy.user(headers))
 
-            async def image_shape() -> tuple[int, int, int]:
-                return v2.image_shape(await self.pipeline.spec(choice.variant))
+    def choose(self, headers: Mapping[str, str], pinned: str | None) -> Choice:
+        """The variant that serves it: the pinned one, or the A/B choice from the routing headers."""
+        return self.policy.choose(headers, pinned)
 
-            req = await parse(choice, image_shape)
-            outcome = await self._run(req, choice, received)
-        encoded_from = time.perf_counter()
-        outputs, parameters = await self._outputs(req, outcome)
-        reply = encode(name, req, outputs, parameters)
-        return reply, self._account(endpoint, name, req, outcome, t0, encoded_from)
+    async def image_shape(self, choice: Choice) -> tuple[int, int, int]:
+        """The chosen variant's input image shape, which the transport's parse checks tensors against."""
+        return v2.image_shape(await self.pipeline.spec(choice.variant))
 
-    async def _run(self, req: v2.InferRequest, choice: Choice, received: float) -> Outcome:
-        """A parsed request through the pipeline; the caller holds its admission."""
+    async def run(self, req: v2.InferRequest, choice: Choice, received: float) -> Outcome:
+        """A parsed request through the pipeline; the caller holds its admission. received: when its body was in
+        (the deadline runs from there)."""
         pipeline = self.pipeline
         full = req.needs_logits or req.needs_probabilities
         if req.images is not None:
@@ -151,7 +134,7 @@ class V2Operations:
             raise outcome.errors[min(outcome.errors)]
         return outcome
 
-    async def _outputs(self, req: v2.InferRequest, outcome: Outcome) -> tuple[Outputs, dict[str, Any]]:
+    async def outputs(self, req: v2.InferRequest, outcome: Outcome) -> tuple[Outputs, dict[str, Any]]:
         """The requested output tensors and the response parameters (which variant answered, and why)."""
         logits = outcome.logits
         kind = self.args.model.output
@@ -174,7 +157,7 @@ class V2Operations:
                 parameters["cascade_escalation_failed"] = outcome.cascade.failed
         return outputs, parameters
 
-    def _account(
+    def account(
         self, endpoint: str, model: str, req: v2.InferRequest, outcome: Outcome, t0: float, encoded_from: float
     ) -> dict[str, str]:
         """An answered request in the A/B evidence, Triton's statistics and the metrics; the headers a success

@@ -423,10 +423,10 @@ def measure_engine(cfg: dict[str, Any], args: AppArgs, variant: str) -> EngineRa
     """The variant's engine as a replica on this node opens it, measured as the replica measures itself at start."""
     # ONNX Runtime (and OpenVINO) load only when the engine is measured here, not for given figures.
     from app.model.model_io import model_io
-    from app.ops.prebuild import replica_threads_streams, served_path
     from app.runtime import Build, ModelLoadError, PlanError, open_engine
     from app.runtime.ort_engine import usable_providers
     from app.runtime.plan import CUDA, TENSORRT
+    from app.runtime.prebuild import replica_threads_streams, served_path
     from app.runtime.startup import start_report
     from app.runtime.variants import fallback_options, runtime_options
 

@@ -15,7 +15,7 @@ profiling.py        ONNX Runtime's profile of a run, summarised
 spec.py             the model's I/O as an engine sees it
 transform_graph.py  the model's declared transform as an ONNX graph (for images decoded on the GPU)
 (softmax and top-k: app/model/outputs.py, re-exported here; TensorRT engines built ahead of a rollout:
-app/ops/prebuild.py, `python -m app.runtime build-engines`)
+app/runtime/prebuild.py, `python -m app.runtime build-engines`)
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""`python -m app.runtime plan|build-engines ...`: a thin face; the command line is app/ops/runtime_cli.py."""
+"""`python -m app.runtime plan|build-engines ...`: a thin face; the command line is app/runtime/cli.py."""
 
 import sys
 
-from app.ops.runtime_cli import main
+from app.runtime.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -26,6 +26,7 @@ from starlette.responses import Response
 
 from app.config import AppArgs, RouterConfig
 from app.http.assembly import RouterApp
+from app.http.grpc import RPCS
 from app.imaging.transform import Transform
 from app.pipeline.abstats import ABStats
 from app.pipeline.inferstats import ModelStatsTable
@@ -116,7 +117,24 @@ class RolloutController:
             raise RuntimeError(f"the rollout loop ended: {self._task.exception()!r}")
 
 
+def answers_rpcs(cls: type[Router]) -> type[Router]:
+    """The Router with one method per gRPC method of the Open Inference Protocol (configs' grpc_options), named after
+    the RPC as Serve calls it, each handing the message and its context to the gRPC handler."""
+
+    def method(name: str) -> Any:
+        async def rpc(self: Router, request: Any, grpc_context: Any = None) -> Any:
+            return await self.app.grpc.call(name, request, grpc_context)
+
+        rpc.__name__ = rpc.__qualname__ = name
+        return rpc
+
+    for entry in RPCS:
+        setattr(cls, entry.name, method(entry.name))
+    return cls
+
+
 @serve.deployment(name="Router", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=256)
+@answers_rpcs
 class Router:
     """HTTP ingress: app/http's v1 and V2 handlers over one app/pipeline Pipeline, on Serve's handles."""
 
@@ -152,28 +170,3 @@ class Router:
 
     async def __call__(self, request: Request) -> Response:
         return await self.ingress(request)
-
-    # The Open Inference Protocol over gRPC (configs' grpc_options): Serve calls the method named after the RPC.
-    async def ServerLive(self, request: Any, grpc_context: Any = None) -> Any:
-        return await self.ingress.rpc("ServerLive", request, grpc_context)
-
-    async def ServerReady(self, request: Any, grpc_context: Any = None) -> Any:
-        return await self.ingress.rpc("ServerReady", request, grpc_context)
-
-    async def ModelReady(self, request: Any, grpc_context: Any = None) -> Any:
-        return await self.ingress.rpc("ModelReady", request, grpc_context)
-
-    async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> Any:
-        return await self.ingress.rpc("ServerMetadata", request, grpc_context)
-
-    async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:
-        return await self.ingress.rpc("ModelMetadata", request, grpc_context)
-
-    async def ModelConfig(self, request: Any, grpc_context: Any = None) -> Any:
-        return await self.ingress.rpc("ModelConfig", request, grpc_context)
-
-    async def ModelStatistics(self, request: Any, grpc_context: Any = None) -> Any:
-        return await self.ingress.rpc("ModelStatistics", request, grpc_context)
-
-    async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
-        return await self.ingress.rpc("ModelInfer", request, grpc_context)

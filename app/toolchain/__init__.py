@@ -2,7 +2,7 @@
 weights.py), quantize any model to INT8 as its config declares it (quantize.py, calibration.py, qdq_placement.py,
 samples.py) or convert it to FP16 (fp16.py), and report what the build costs and buys (report.py).
 
-Its command line is `python -m app.models` (app/ops/models_cli.py):
+Its command line is `python -m app.models` (app/models/cli.py):
 
     python -m app.models build      # the built-in FP32 EfficientNet-Lite0 from the ImageNet weights, plus labels
     python -m app.models quantize --model FP32.onnx --config CONFIG.yaml --output INT8.onnx

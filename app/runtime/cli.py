@@ -13,7 +13,7 @@ would land on the CUDA EP without TensorRT, require_gpu on a node without a usab
 without a GPU, the CUDA EP or nvImageCodec).
 
 `build-engines` builds (or loads, when cached) the TensorRT engines of every GPU variant, and of each speed
-gate's baseline, into the engine cache exactly as the replicas would (app/ops/prebuild.py), so a Job or
+gate's baseline, into the engine cache exactly as the replicas would (app/runtime/prebuild.py), so a Job or
 an init container fills a shared cache ahead of a rollout. Without TensorRT it exits 1 with one line;
 `--dry-run` prints the cache directories it would fill and builds nothing.
 """
@@ -29,12 +29,12 @@ from typing import Any
 import yaml
 
 from app.config import AppArgs, validate_serve_config
-from app.ops.prebuild import BuildRefused, check_tensorrt_here, engine_builds, replica_threads_streams, run_build
 from app.runtime.cuda_transform import nvimgcodec_installed, plan_decode
 from app.runtime.fallback import Serving, tensorrt_absence
 from app.runtime.openvino_engine import openvino_available
 from app.runtime.ort_engine import ort_version, tensorrt_version, usable_providers
 from app.runtime.plan import OPENVINO, TENSORRT, PlanError, RuntimeOptions, plan_engines
+from app.runtime.prebuild import BuildRefused, check_tensorrt_here, engine_builds, replica_threads_streams, run_build
 from app.runtime.select import model_sha256, tensorrt_for
 from app.runtime.spec import ModelLoadError
 from app.runtime.variants import fallback_options, runtime_options
