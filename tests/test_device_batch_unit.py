@@ -34,7 +34,7 @@ from app.runtime.gpu_pixels import DeviceRows, GpuPixels
 from app.runtime.ort_engine import OrtEngine
 from app.runtime.plan import GraphOptions, RuntimeOptions, cpu_choice
 from app.runtime.transform_graph import GraphTransform
-from app.serve.classifier_decode import GpuDecoding, Item, warm_jpegs
+from app.serve.batch_decoder import BatchDecoder, Item, warm_jpegs
 from app.serve.device_mode import DeviceModeOff, OnDevice, check_device_mode, engine_logits, open_device_batches
 from app.toolchain.samples import sample_bytes
 from tests.hostile import cv_encode, jpeg_with_size, pattern_image
@@ -285,13 +285,12 @@ def test_the_device_mode_is_chosen_for_an_ort_engine_where_the_transform_writes(
     with pool.take(1) as batch:
         assert batch.kind == "cpu" and batch.capacity == 4
 
-    not_ort = SimpleNamespace(name="openvino", logits=engine.logits)
-    with pytest.raises(DeviceModeOff, match="not ONNX Runtime"):
-        open_device_batches(not_ort, standin_pixels(), "standin", 4)
-    on_gpu = SimpleNamespace(run_device=None, device_input=lambda: ("cuda", 0), spec=engine.spec)
-    on_gpu.run_device = lambda *a: None
+    host_only_engine = SimpleNamespace(name="openvino", spec=engine.spec, device_input=lambda: None)
+    with pytest.raises(DeviceModeOff, match=r"\(openvino\) reads host arrays only"):
+        open_device_batches(host_only_engine, standin_pixels(), "standin", 4)  # type: ignore[arg-type]
+    on_gpu = SimpleNamespace(device_input=lambda: ("cuda", 0), spec=engine.spec, name="onnxruntime")
     with pytest.raises(DeviceModeOff, match="writes host memory"):
-        open_device_batches(on_gpu, standin_pixels(), "standin", 4)
+        open_device_batches(on_gpu, standin_pixels(), "standin", 4)  # type: ignore[arg-type]
     with pytest.raises(DeviceModeOff, match="engine reads cpu:0"):
         open_device_batches(engine, standin_pixels(), "nvimgcodec", 4)
     host_only = GpuPixels(BatchDecode(HostJpegDecoder(), T), lambda image: GraphTransform(T)(image))
@@ -305,6 +304,7 @@ def test_the_start_up_check_catches_rows_read_from_the_wrong_place(engine: OrtEn
 
         spec = engine.spec
         logits = staticmethod(engine.logits)
+        device_input = staticmethod(engine.device_input)
 
         def run_device(self, batch: DeviceBatch, n: int, outputs: list[str]) -> list[np.ndarray]:
             return [np.roll(engine.run_device(batch, n, outputs)[0], 1, axis=0)]
@@ -318,21 +318,19 @@ def test_the_start_up_check_catches_rows_read_from_the_wrong_place(engine: OrtEn
 # -------------------------------------------------------------------------------- the Classifier's batch
 
 
-class Replica(GpuDecoding):
-    """The Classifier's decode half without Ray (the attributes Classifier.__init__ sets)."""
-
-    def __init__(self, engine: OrtEngine) -> None:
-        self.variant, self.decoder_kind, self.engine = "fp32", "standin", engine
-        self.io = SimpleNamespace(transform=T, checked=lambda array: array)  # type: ignore[assignment]
-        self.decoded: Counter[str] = Counter()
-        self.metrics = SimpleNamespace(record_decode=lambda variant, counts: self.decoded.update(counts))  # type: ignore[assignment]
-        self.gpu_pixels = gpu_pixels()
-        self.device_pool = open_device_batches(engine, self.gpu_pixels, "standin", 8)
-        self.device_off = ""
+def replica_decoder(engine: OrtEngine, decoded: Counter[str]) -> BatchDecoder:
+    """A Classifier replica's batch decoder (decode_in: gpu, the stand-in decoder) in the device mode, without Ray."""
+    metrics = SimpleNamespace(record_decode=lambda variant, counts: decoded.update(counts))
+    decoder = BatchDecoder("fp32", metrics, "standin")  # type: ignore[arg-type]
+    decoder.gpu_pixels = gpu_pixels()
+    decoder.device_pool = open_device_batches(engine, decoder.gpu_pixels, "standin", 8)
+    decoder.device_off = ""
+    return decoder
 
 
 def test_a_classifier_batch_in_the_device_mode_answers_as_in_the_host_mode(engine: OrtEngine) -> None:
-    replica = Replica(engine)
+    replica = replica_decoder(engine, Counter())
+    io = SimpleNamespace(transform=T, checked=lambda array: array)
     pixels = np.random.default_rng(3).integers(0, 256, (2, *T.shape)).astype(np.uint8)
 
     def items() -> list[Item]:
@@ -342,10 +340,10 @@ def test_a_classifier_batch_in_the_device_mode_answers_as_in_the_host_mode(engin
         pool, replica.device_pool = replica.device_pool, replica.device_pool if device else None
         try:
             its = items()
-            with replica._device_batch(its) as batch:
+            with replica.device_batch(its) as batch:
                 assert (batch is not None) == device
-                decoded = replica._decode_items(its, batch)
-                x, picks = replica._engine_input(its, decoded, batch)
+                decoded = replica.decode_now(its, io, batch)  # type: ignore[arg-type]
+                x, picks = replica.engine_input(its, decoded, batch, T.shape)
                 assert isinstance(x, OnDevice) == device
                 logits = engine_logits(engine, x)
             return [logits[p] for p in picks]
@@ -357,11 +355,11 @@ def test_a_classifier_batch_in_the_device_mode_answers_as_in_the_host_mode(engin
     for h, d in zip(host, device, strict=True):
         np.testing.assert_allclose(d, h, rtol=1e-5, atol=1e-4)
     assert replica.device_pool is not None and replica.device_pool.free() == 1
-    assert replica.describe_decode()["device_batch"] == {"active": True}  # type: ignore[index]
-    replica.device_pool, replica.device_off = None, "the engine (openvino) is not ONNX Runtime"
-    assert replica.describe_decode()["device_batch"] == {  # type: ignore[index]
+    assert replica.describe()["device_batch"] == {"active": True}  # type: ignore[index]
+    replica.device_pool, replica.device_off = None, "the engine (openvino) reads host arrays only"
+    assert replica.describe()["device_batch"] == {  # type: ignore[index]
         "active": False,
-        "off": "the engine (openvino) is not ONNX Runtime",
+        "off": "the engine (openvino) reads host arrays only",
     }
 
 

@@ -29,7 +29,7 @@ from app.runtime.cuda_transform import DECODER_ENV, CudaImageTransform, decoder_
 from app.runtime.gpu_pixels import GpuPixels
 from app.runtime.plan import PlanError
 from app.runtime.transform_graph import GraphTransform
-from app.serve.classifier_decode import merge_decoded
+from app.serve.batch_decoder import merge_decoded
 from app.toolchain.samples import sample_bytes
 from tests.hostile import cv_encode, jpeg_with_size, pattern_image
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 import os
 import queue
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from app.runtime.plan import OPENVINO, RuntimeOptions
 from app.runtime.spec import ModelLoadError, ModelSpec, spec_from_io
+
+if TYPE_CHECKING:
+    from app.runtime.device_batch import DeviceBatch
 
 # OpenVINO element type names -> ONNX Runtime's spelling, so /v1/models and the V2 metadata read alike.
 _TYPES = {
@@ -122,6 +125,21 @@ class OpenVinoEngine:
     def fixed_parallel(self) -> bool:
         """Compiled for a number of parallel calls (its streams): another number needs a new compile."""
         return True
+
+    @property
+    def executor(self) -> None:
+        """Any thread: its infer requests are not bound to one."""
+        return None
+
+    def device_input(self) -> None:
+        """Host arrays only: OpenVINO's CPU plugin reads no DeviceBatch."""
+        return None
+
+    def rows_for(self, n: int) -> int:
+        return n
+
+    def run_device(self, batch: DeviceBatch, n: int, outputs: list[str] | None = None) -> list[np.ndarray]:
+        raise NotImplementedError("OpenVINO reads host arrays only (device_input() is None)")
 
     def close(self) -> None:
         self._alive = False

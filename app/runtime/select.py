@@ -13,12 +13,14 @@ import platform
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
+from app.runtime.device_batch import DeviceBatch
 from app.runtime.fallback import Build, NeedsTensorRT, Serving, fallback_failed, tensorrt_absence, tensorrt_failed
 from app.runtime.measure import Throughput, measure_alternating
 from app.runtime.openvino_engine import OpenVinoEngine, openvino_available
@@ -75,6 +77,30 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+    # What it can do beyond host arrays, said by the engine rather than probed.
+
+    @property
+    def fixed_parallel(self) -> bool:
+        """Whether the number of batches run at once is fixed at open (another number: open it again)."""
+        ...
+
+    @property
+    def executor(self) -> Executor | None:
+        """The threads its batches must run on (CUDA graphs live on theirs); None: any thread."""
+        ...
+
+    def device_input(self) -> tuple[str, int] | None:
+        """Where `run_device` reads a DeviceBatch from ("cuda" | "cpu", device id); None: it reads host arrays only."""
+        ...
+
+    def rows_for(self, n: int) -> int:
+        """The rows a batch of `n` images binds (padding included): a DeviceBatch must hold that many."""
+        ...
+
+    def run_device(self, batch: DeviceBatch, n: int, outputs: list[str] | None = None) -> list[np.ndarray]:
+        """The outputs for rows 0..n-1 of `batch`, read in place (only where `device_input()` is not None)."""
+        ...
 
 
 @functools.lru_cache(maxsize=16)

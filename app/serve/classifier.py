@@ -1,9 +1,14 @@
-"""The Classifier deployment: one model variant on the fastest correct engine of its node, batched."""
+"""The Classifier deployment: one model variant on the fastest correct engine of its node, batched.
+
+A replica owns its collaborators: the engine (`VariantEngine`: opened, warmed up, measured and gated at start), the
+batch decoder (`BatchDecoder`: host pixels, or decode_in: gpu's encoded images decoded in the batch) and Serve's
+dynamic batching, which this class sets from the live user_config and runs: a request's images are split into engine
+batches, each batch decoded and run in one call, and the request's rows joined back.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -17,16 +22,11 @@ from ray import serve
 from app.config import AppArgs, ClassifierConfig
 from app.errors import ServiceError
 from app.imaging.payloads import Encoded, Pixels, Scores
-from app.model.model_io import ModelIO, check_transform, model_io
-from app.runtime import ModelLoadError, Opened, threads_for, top_k
-from app.runtime.open_variant import gate_failure, gate_variant, open_variant
-from app.runtime.startup import StartupReport, start_report
-from app.serve.classifier_decode import Done, GpuDecoding, Item
-from app.serve.classifier_report import ClassifierReport
-from app.serve.device_mode import OnDevice, engine_logits, host_pixels
+from app.runtime import top_k
+from app.serve.batch_decoder import BatchDecoder, Done, Item, join, split
 from app.serve.metrics import ClassifierMetrics
-from app.serve.profiling_twin import ProfilingTwin
 from app.serve.serve_internals import max_ongoing_requests, replica_id
+from app.serve.variant_engine import VariantEngine
 
 logger = logging.getLogger("ray.serve")
 
@@ -44,7 +44,7 @@ def _ms(seconds: float) -> float:
 
 
 @serve.deployment(name="Classifier", ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=32)
-class Classifier(GpuDecoding, ClassifierReport):
+class Classifier:
     """One model variant behind dynamic batching; the engine is chosen, checked and measured at start.
 
     The engine is opened by the first `reconfigure` (Serve runs it before the replica takes traffic):
@@ -52,49 +52,36 @@ class Classifier(GpuDecoding, ClassifierReport):
     """
 
     def __init__(self, variant: str, args: dict[str, Any], transform: dict[str, Any] | None = None) -> None:
-        """transform: the model's, as the deploy read it from its copy of the files and handed to the Router (None:
-        not read there); this node's file must give the same, or every decode would be refused."""
+        """transform: the model's, as the deploy read it (VariantEngine checks this node's file against it)."""
         self.variant = variant
         self.args = AppArgs.model_validate(args)
-        path = self.args.resolved_path(self.args.variants[variant].model_path)
-        # The graph as declared (args.model): checked against the declaration, its normalisation folded in. Raised
-        # here, a contradiction fails the replica naming the field (`serve status` shows it).
-        where = f"Classifier_{variant}: variants.{variant}.model_path"
-        self.io: ModelIO = model_io(self.args.model, path, where)
-        check_transform(transform, self.io.transform, where)
-        self.requested_io = self.io  # self.io becomes the fallback's when the variant's declared fallback serves
-        resources = ray.get_runtime_context().get_assigned_resources()
-        self.num_cpus = float(resources.get("CPU", 1.0))
-        self.gpu = bool(ray.get_gpu_ids())
-        self.threads = self.args.intra_op_threads or threads_for(self.num_cpus)
+        num_cpus = float(ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0))
+        gpu = bool(ray.get_gpu_ids())
         self.replica_id = replica_id()
-        self.opened: Opened | None = None
-        self.report: StartupReport | None = None
+        self.metrics = ClassifierMetrics(self.args.model.name)
+        self.model = VariantEngine(self.args, variant, transform, gpu, num_cpus, self.metrics)
+        self.decoder = BatchDecoder.for_replica(self.args, variant, gpu, num_cpus, self.metrics)
         self.cfg: ClassifierConfig | None = None
         self._batch: Callable[[Item], Awaitable[Done]] | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._warmed_to = 0
-        self._profile: ProfilingTwin | None = None
-        self.metrics = ClassifierMetrics(self.args.model.name)
-        self._check_gpu_decode()
 
     # -- configuration (live) ------------------------------------------------------
 
     def reconfigure(self, config: dict[str, Any]) -> None:
         cfg = self._checked(ClassifierConfig.model_validate(config or {}))
-        opening = self.opened is None or self._needs_reopen(cfg)
+        model = self.model
+        opening = model.needs_reopen(cfg, self.cfg)
         if opening:
-            self._open(cfg)
+            model.open(cfg)
         self._set_batching(cfg)
-        self._open_gpu_decode(cfg)
-        if cfg.warmup and self._warmed_to < cfg.max_batch_size:
-            self._warm_up(cfg.max_batch_size)
+        self.decoder.open(cfg, model.io, model.engine, self.args.limits)
+        if cfg.warmup:
+            model.warm_up(cfg.max_batch_size)
         if opening:  # a reopened engine may be another one (auto chooses again): its own figures, not the last's
-            self._measure(cfg)
+            model.measure(cfg)
             _flush_log()
         if cfg.profile_batches != (self.cfg.profile_batches if self.cfg else 0) and cfg.profile_batches > 0:
-            assert self._profile is not None
-            self._profile.start(cfg.profile_batches, cfg.profile_dir, self.replica_id)
+            model.start_profile(cfg.profile_batches, cfg.profile_dir, self.replica_id)
         self.cfg = cfg
         logger.info(
             "Classifier_%s batching: max_batch_size=%d batch_wait_timeout_s=%s max_concurrent_batches=%d",
@@ -115,46 +102,6 @@ class Classifier(GpuDecoding, ClassifierReport):
             cfg = cfg.model_copy(update={"max_batch_size": min(cfg.max_batch_size, self.args.tensorrt.max_batch_size)})
         return cfg
 
-    def _needs_reopen(self, cfg: ClassifierConfig) -> bool:
-        """OpenVINO is compiled for a number of parallel calls, and with CUDA graphs each batch slot is a session and a
-        thread of its own: both open again for another max_concurrent_batches. Plain ONNX Runtime serves any number."""
-        return (
-            bool(getattr(self.engine, "fixed_parallel", False))
-            and self.cfg is not None
-            and (cfg.max_concurrent_batches != self.cfg.max_concurrent_batches)
-        )
-
-    def _open(self, cfg: ClassifierConfig) -> None:
-        streams, max_batch = cfg.max_concurrent_batches, cfg.max_batch_size
-        try:
-            o = open_variant(
-                self.args, self.variant, self.gpu, self.threads, streams, max_batch, requested=self.requested_io
-            )
-        except ModelLoadError as e:
-            # Raised at start, this fails the replica; `serve status` shows the message.
-            raise RuntimeError(f"Classifier_{self.variant}: {e}") from e
-        opened, opts = o.opened, o.opts  # the fallback's options when it serves (select.open_engine logged why)
-        old, self.opened = self.opened, opened
-        if old is not None:
-            old.engine.close()  # released once the batches running on it are done (OrtEngine.close)
-        self._warmed_to = 0
-        self.io = o.io
-        chosen = next((c for c in opened.plan.candidates if c.engine == opened.engine.name), opened.plan.candidates[0])
-        self._profile = ProfilingTwin(self.variant, str(self.io.served.path), opts, chosen)
-        self._report_provider()
-        described = self.engine.describe()
-        logger.info(
-            "Classifier_%s loaded %s (%s) on %s (%s), %d threads x %d parallel batches; CUDA graphs: %s",
-            self.variant,
-            self.io.served.path,
-            opts.precision,
-            self.engine.name,
-            described.get("nodes_per_provider") or self.engine.active_provider,
-            opts.threads,
-            opts.streams,
-            (described.get("cuda_graphs") or {}).get("graph_batch_sizes", "off"),
-        )
-
     def _set_batching(self, cfg: ClassifierConfig) -> None:
         if self._batch is None or self.cfg is None or cfg.max_concurrent_batches != self.cfg.max_concurrent_batches:
             # max_concurrent_batches has no live setter in serve.batch: make a new batcher (old one drains).
@@ -171,27 +118,6 @@ class Classifier(GpuDecoding, ClassifierReport):
             self._batch.set_max_batch_size(cfg.max_batch_size)  # type: ignore[attr-defined]
             self._batch.set_batch_wait_timeout_s(cfg.batch_wait_timeout_s)  # type: ignore[attr-defined]
 
-    def _warm_up(self, up_to: int) -> None:
-        """Every batch size once, so no user request pays for first-run allocation."""
-        t0 = time.perf_counter()
-        for n in range(up_to, self._warmed_to, -1):  # largest first: the arena grows once (docs/engines.md)
-            self.engine.logits(self.engine.dummy_batch(n))
-        self._warmed_to = up_to
-        gc.collect()
-        gc.freeze()  # the model and warm-up garbage are long-lived: keep them out of every GC pass
-        logger.info("Classifier_%s warmed up batch sizes 1..%d in %.1fs", self.variant, up_to, time.perf_counter() - t0)
-
-    def _measure(self, cfg: ClassifierConfig) -> None:
-        """This replica's own throughput, and the speed gate's verdict against the baseline variant."""
-        assert self.opened is not None
-        streams, max_batch = cfg.max_concurrent_batches, cfg.max_batch_size
-        report = start_report(self.opened, max_batch, streams)
-        report.gate = gate_variant(self.args, self.variant, self.engine, self.gpu, self.threads, streams, max_batch)
-        self.metrics.record_start(self.variant, report)
-        if (failure := gate_failure(report.gate)) is not None:
-            raise RuntimeError(f"Classifier_{self.variant}: {failure}")
-        self.report = report
-
     # -- requests ---------------------------------------------------------------------
 
     async def __call__(
@@ -203,10 +129,11 @@ class Classifier(GpuDecoding, ClassifierReport):
         decoded images (a shadow run compares only the sampled ones).
         """
         assert self._batch is not None and self.cfg is not None, "reconfigure runs before any request"
-        items = self._items(pixels, rows, time.perf_counter(), self.cfg.max_batch_size)
+        io = self.model.io
+        items = split(pixels, rows, time.perf_counter(), self.cfg.max_batch_size, io)
         done = await asyncio.gather(*(self._batch(it) for it in items))
-        logits, errors, positions, preprocess_ms = self._answer(pixels, done, rows)
-        best = [top_k(row, top) for row in self.io.probabilities(logits)] if logits is not None else []
+        logits, errors, positions, preprocess_ms = join(pixels, done, rows)
+        best = [top_k(row, top) for row in io.probabilities(logits)] if logits is not None else []
         return Scores(
             top=best,
             preprocess_ms=preprocess_ms,
@@ -214,7 +141,7 @@ class Classifier(GpuDecoding, ClassifierReport):
             inference_ms=sum(d.inference_ms for d in done),
             batch_size=max((d.batch_size for d in done), default=0),
             variant=self.variant,
-            provider=self.engine.active_provider,
+            provider=self.model.engine.active_provider,
             errors=errors,
             positions=positions,
             logits=logits if full else None,
@@ -222,16 +149,17 @@ class Classifier(GpuDecoding, ClassifierReport):
 
     async def _run_batch(self, items: list[Item]) -> list[Done]:
         arrived = time.perf_counter()
-        with self._device_batch(items) as batch:  # decode_in: gpu, device mode: the batch's pixels stay on the device
-            decoded = await self._decode_batch(items, self._executor, batch)  # the whole batch in one call
+        model, decoder = self.model, self.decoder
+        with decoder.device_batch(items) as batch:  # decode_in: gpu, device mode: the batch's pixels stay on the device
+            decoded = await decoder.decode(items, model.io, self._executor, batch)  # the whole batch in one call
             started = time.perf_counter()
-            x, picks = self._engine_input(items, decoded, batch)
+            x, picks = decoder.engine_input(items, decoded, batch, model.io.transform.shape)
             # Engines release the GIL; running them off the event loop keeps requests flowing into the queue. With CUDA
             # graphs the engine's own slot threads run the batch: its graphs live on them (app/runtime/graphs.py).
-            executor = getattr(self.engine, "executor", None) or self._executor
-            loop = asyncio.get_running_loop()
+            executor = model.engine.executor or self._executor
             n = len(x)
-            logits = await loop.run_in_executor(executor, self._infer, x) if n else np.zeros((0, len(self.io.labels)))
+            loop = asyncio.get_running_loop()
+            logits = await loop.run_in_executor(executor, model.infer, x) if n else np.zeros((0, len(model.io.labels)))
         inference_ms = _ms(time.perf_counter() - started)
         if n:
             self.metrics.record_batch(self.variant, n, inference_ms)
@@ -244,11 +172,33 @@ class Classifier(GpuDecoding, ClassifierReport):
                 out.append(Done(logits[pick], queue_ms, inference_ms, n, d))
         return out
 
-    def _infer(self, x: np.ndarray | OnDevice) -> np.ndarray:
-        profiler = self._profile.take() if self._profile is not None else None
-        if profiler is not None:
-            try:
-                return profiler.logits(host_pixels(x))
-            finally:
-                self._profile.done_one()  # type: ignore[union-attr]
-        return engine_logits(self.engine, x)
+    # -- what it says of itself --------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        cfg = self.cfg or ClassifierConfig()
+        model = self.model
+        return {
+            **model.describe(),
+            "batching": {
+                "max_batch_size": cfg.max_batch_size,
+                "batch_wait_timeout_s": cfg.batch_wait_timeout_s,
+                "max_concurrent_batches": cfg.max_concurrent_batches,
+            },
+            "warmed_up_to": model.warmed_to,
+            "gpu_decode": self.decoder.describe(),
+            "profiling": model.profile.state() if model.profile is not None else None,
+            "input": model.io.describe(self.args.model),
+            "replica_id": self.replica_id,
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
+
+    def labels(self) -> list[str]:
+        """One label per class (the declaration's file, ImageNet-1k's for 1000 classes, else class_<i>)."""
+        return self.model.io.labels
+
+    def ready(self) -> bool:
+        return self.model.ready(self.cfg)
+
+    def check_health(self) -> None:
+        if self.model.opened is not None and not self.model.engine.alive:
+            raise RuntimeError(f"Classifier_{self.variant}: the engine is gone")

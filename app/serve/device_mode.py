@@ -1,4 +1,4 @@
-"""The device mode of `decode_in: gpu` (app/serve/classifier_decode.py): a Classifier replica's batch decoded into ONE
+"""The device mode of `decode_in: gpu` (the Classifier's BatchDecoder): a Classifier replica's batch decoded into ONE
 pooled `DeviceBatch` (app/runtime/device_batch.py), the engine's input buffer, which the engine reads in place
 (`OrtEngine.run_device`), so that the model's pixels never cross to the host, only the logits do.
 
@@ -6,16 +6,16 @@ Chosen once per engine, at start: `open_device_batches` opens the pool only for 
 sits where the transform writes (the GPU, nvImageCodec; the CPU, the stand-in decoder), and `check_device_mode` keeps
 it only if the warm-up's JPEGs give through it the host mode's logits. Otherwise `DeviceModeOff` says why, and the
 replica serves in the host mode (the transform's pixels to the host, concatenated, copied up by the engine). Kept
-apart from the GpuDecoding mixin that uses it, so that what the mode is and how it is checked read in one place.
+apart from the BatchDecoder that uses it, so that what the mode is and how it is checked read in one place.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from app.runtime import Engine
 from app.runtime.cuda_transform import STANDIN
 from app.runtime.device_batch import Copier, CudaCopier, DeviceBatch, DevicePool, HostCopier
 from app.runtime.gpu_pixels import GpuPixels
@@ -41,24 +41,24 @@ def host_pixels(x: np.ndarray | OnDevice) -> np.ndarray:
     return x.batch.host(x.n) if isinstance(x, OnDevice) else x
 
 
-def engine_logits(engine: Any, x: np.ndarray | OnDevice) -> np.ndarray:
+def engine_logits(engine: Engine, x: np.ndarray | OnDevice) -> np.ndarray:
     """The engine's logits for the batch, read in place when it is on the device and the engine can (ONNX Runtime)."""
     if not isinstance(x, OnDevice):
         return np.asarray(engine.logits(x))
-    run_device = getattr(engine, "run_device", None)
-    if run_device is None:
+    if engine.device_input() is None:
         return np.asarray(engine.logits(host_pixels(x)))
-    return np.asarray(run_device(x.batch, x.n, [engine.spec.output_names[0]])[0])
+    return np.asarray(engine.run_device(x.batch, x.n, [engine.spec.output_names[0]])[0])
 
 
-def open_device_batches(engine: Any, gp: GpuPixels, decoder_kind: str, max_batch: int) -> DevicePool:
+def open_device_batches(engine: Engine, gp: GpuPixels, decoder_kind: str, max_batch: int) -> DevicePool:
     """The device mode's pool for `engine`: one DeviceBatch per batch running at once, where the transform writes
     and the engine reads. DeviceModeOff says why not."""
-    where = engine.device_input() if callable(getattr(engine, "device_input", None)) else None
-    if not callable(getattr(engine, "run_device", None)):
-        raise DeviceModeOff(f"the engine ({getattr(engine, 'name', type(engine).__name__)}) is not ONNX Runtime")
+    where = engine.device_input()
     if where is None:
-        raise DeviceModeOff(f"the engine's input is {engine.spec.input_dtype}, not the model's uint8 pixels")
+        raise DeviceModeOff(
+            f"the engine ({engine.name}) reads host arrays only (its input is {engine.spec.input_dtype}; a device "
+            "batch needs ONNX Runtime with the model's uint8 pixels)"
+        )
     kind, device_id = where
     if tuple(engine.spec.sample_shape()) != tuple(gp.shape):
         raise DeviceModeOff(f"the engine takes {engine.spec.sample_shape()} per image, the transform gives {gp.shape}")
@@ -84,7 +84,7 @@ def open_device_batches(engine: Any, gp: GpuPixels, decoder_kind: str, max_batch
 DEVICE_CHECK_RTOL = 1e-2
 
 
-def check_device_mode(gp: GpuPixels, engine: Any, pool: DevicePool, jpegs: list[bytes]) -> None:
+def check_device_mode(gp: GpuPixels, engine: Engine, pool: DevicePool, jpegs: list[bytes]) -> None:
     """The JPEGs decoded both ways: the device mode's logits must be the host mode's (DeviceModeOff if not)."""
     (host,), _ = gp([jpegs])
     want = engine_logits(engine, host.array)
