@@ -7,7 +7,7 @@ KSERVE := .venv-kserve/.installed
 MODELS := models/efficientnet_lite0-fp32.onnx models/efficientnet_lite0-int8.onnx models/efficientnet_lite0-int8-trt.onnx \
           models/efficientnet_lite0-fp16.onnx
 
-.PHONY: install models serve status test lint bench overload fairness hostile autoscale soak k8s clean perf-analyzer system-deps proto
+.PHONY: install models serve status test test-unit lint bench overload fairness hostile autoscale soak k8s clean perf-analyzer system-deps proto
 
 $(STAMP): pyproject.toml
 	python3 -m venv .venv
@@ -56,6 +56,9 @@ $(KSERVE): | $(STAMP)
 # with apt-get as root or with passwordless sudo, else one line naming them and the command, and make stops.
 system-deps:
 	@bash .ci/system-deps
+
+test-unit: $(STAMP)  ## the fast tier while working: the unit tests of pure code (no Ray, no Debian packages)
+	$(PY) -m pytest -q $$(ls tests/test_*_unit.py)
 
 test: system-deps $(STAMP) $(PERF_ANALYZER) $(KSERVE)      ## the whole suite, slow and multi-node tests included, as CI runs it
 	$(PY) -m pytest -q

@@ -301,11 +301,9 @@ def _jpeg() -> bytes:
     return cv_encode(".jpg", pattern_image(64, 96))
 
 
-def test_preprocessor_takes_the_limits_or_the_old_max_pixels() -> None:
+def test_preprocessor_takes_the_limits() -> None:
     p = Preprocessor(Limits(max_decode_bytes=1 << 20, preprocessor_memory_bytes=3 << 20).model_dump())
     assert (p.max_decode_bytes, p.budget.max_bytes, p.slots, p.budget.max_concurrent) == (1 << 20, 3 << 20, 1, 1)
-    old = Preprocessor(12_345)
-    assert old.max_pixels == 12_345 and old.max_decode_bytes == Limits().max_decode_bytes
 
 
 def test_many_with_the_old_two_arguments() -> None:

@@ -20,7 +20,7 @@ from app.errors import ServiceError
 from app.http.openapi import Documented, build_openapi
 from app.http.policy import RouterPolicy
 
-DOCS, SPEC, ASSETS_AT = "/docs", "/openapi.json", "/docs/assets/"
+ASSETS_AT = "/docs/assets/"
 JS, CSS = "text/javascript; charset=utf-8", "text/css; charset=utf-8"
 # served name -> (file in the package, or None for INIT_JS below; media type)
 ASSETS: dict[str, tuple[str | None, str]] = {

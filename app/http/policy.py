@@ -17,7 +17,7 @@ from app.config import RouterConfig
 from app.pipeline.cascade import MarginEvidence
 from app.pipeline.routing import Choice, WeightedSplit, choose_variant
 from app.pipeline.service import Pipeline
-from app.request.guards import admin_token
+from app.request.guards import MIN_ADMIN_TOKEN_CHARS, admin_token
 from app.rollout.board import config_id
 
 if TYPE_CHECKING:  # a type only: the Router's metrics are made and handed in by the deployment
@@ -57,8 +57,12 @@ class RouterPolicy:
         self.admin_token = admin_token(cfg.admin_token_env)
         if self.admin_token:
             admin = f"token from ${cfg.admin_token_env}"
-            if len(self.admin_token) < 16:
-                logger.warning("the admin token in $%s is under 16 characters: guessable", cfg.admin_token_env)
+            if len(self.admin_token) < MIN_ADMIN_TOKEN_CHARS:
+                logger.warning(
+                    "the admin token in $%s is under %d characters: guessable",
+                    cfg.admin_token_env,
+                    MIN_ADMIN_TOKEN_CHARS,
+                )
         else:
             admin = "open to anyone (allow_unauthenticated_admin)" if cfg.allow_unauthenticated_admin else "disabled"
         logger.info(

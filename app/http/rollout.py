@@ -18,7 +18,6 @@ from app.http.policy import RouterPolicy
 from app.http.replies import json_response
 from app.pipeline.service import Pipeline
 
-ROLLOUT, ABORT = "/v1/rollout", "/v1/rollout/abort"
 MAX_SPEC_BYTES = 16 * 1024  # a spec is a few hundred bytes
 
 

@@ -108,9 +108,9 @@ class Preprocessor(Decoder):
     """The Decoder as a deployment of its own: decode capacity that scales apart from the Router, and a native
     crash in a decoder (a hostile image) that costs one Preprocessor call, retried elsewhere, not an ingress."""
 
-    def __init__(self, limits: dict[str, Any] | int) -> None:
-        """`limits`: `Limits.model_dump()`, or (the old signature) max_pixels alone with the other limits' defaults."""
-        super().__init__(Limits.model_validate({"max_pixels": limits} if isinstance(limits, int) else limits))
+    def __init__(self, limits: dict[str, Any]) -> None:
+        """`limits`: `Limits.model_dump()`."""
+        super().__init__(Limits.model_validate(limits))
 
     def describe(self) -> dict[str, Any]:
         return {"replica_id": replica_id(), "node_id": ray.get_runtime_context().get_node_id(), **super().describe()}

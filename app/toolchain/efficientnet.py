@@ -22,7 +22,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-INPUT_SIZE = 224
 NUM_CLASSES = 1000
 BN_EPS = 1e-3
 STEM_CHANNELS = 32

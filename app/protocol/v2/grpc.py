@@ -32,8 +32,6 @@ from app.errors import RETRY_AFTER_S, ServiceError
 from app.protocol import v2
 from app.protocol.v2.pb import grpc_service_pb2 as pb
 
-SERVICE = "inference.GRPCInferenceService"
-
 # HTTP status of the one table (app/errors.py) -> gRPC status code.
 GRPC_CODES: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
