@@ -370,3 +370,21 @@ def test_a_cancelled_request_stops_at_the_next_image(monkeypatch: pytest.MonkeyP
 
     run(main)
     assert len(slow.calls) == 1  # the second and third images were never started
+
+
+def test_the_preprocessor_reads_each_header_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The header checked before the decode's cost is reserved is the one the decode uses: one probe an image."""
+    import app.imaging.preprocess as preprocess_module
+
+    probed: list[int] = []
+    real = preprocess_module.probe_dimensions
+
+    def counting(data: bytes) -> Any:
+        probed.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(preprocess_module, "probe_dimensions", counting)
+    p = Preprocessor(Limits().model_dump())
+    out = asyncio.run(p.many([_jpeg(), b"not an image", _jpeg()], 32))
+    assert out.positions == [0, 2] and list(out.errors) == [1]
+    assert len(probed) == 3  # each image once: the refused one, and the two decoded

@@ -118,12 +118,18 @@ def check_header(
 
 
 def _decode_checked(
-    data: bytes, max_pixels: int, target: int | None, max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES
+    data: bytes,
+    max_pixels: int,
+    target: int | None,
+    max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
+    info: ImageInfo | None = None,
 ) -> np.ndarray:
-    """Checks, decode and conversion to uint8 gray HxW or BGR HxWx3. Raises ImageInputError only."""
+    """Checks, decode and conversion to uint8 gray HxW or BGR HxWx3. Raises ImageInputError only. `info`: the
+    header as `check_header` read it, with these limits, in this process (None: read here)."""
     if data and not isinstance(data, bytes):
         data = bytes(data)
-    info, _ = check_header(data, max_pixels, target, max_decode_bytes)
+    if info is None:
+        info, _ = check_header(data, max_pixels, target, max_decode_bytes)
     limit = min(max_pixels, OPENCV_MAX_PIXELS)
     if info.format == "png" and not png_chunks_fit(data):
         raise ImageInputError("undecodable_image", "png chunk lengths run past the end of the data")
@@ -162,18 +168,21 @@ def preprocess(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     reduced: bool = True,
     max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
+    info: ImageInfo | None = None,
 ) -> np.ndarray:
     """Encoded image bytes -> the model's pixels for one image: uint8 [H, W, C] as `size` says (a Transform: the
     model's resize, crop and channel order; an int: squashed to size x size RGB).
 
     `max_decode_bytes`: the decode budget (see `estimate_decode_bytes`); an image whose header
     says it would cost more is refused (413 decode_budget_exceeded) before the decoder runs.
+    `info`: the header `check_header` already read with the same limits and target (a caller that checked it before
+    reserving the decode's cost), so that it is read once; None: read here.
     """
     if isinstance(size, int):
         if size <= 0:
             raise ValueError(f"size must be positive, got {size}")
         size = Transform.square(size)
-    img = _decode_checked(data, max_pixels, size.decode_target if reduced else None, max_decode_bytes)
+    img = _decode_checked(data, max_pixels, size.decode_target if reduced else None, max_decode_bytes, info)
     try:
         return size.apply(img)  # resized before the colour conversion: it then touches the output's pixels only
     except MemoryError:

@@ -89,7 +89,7 @@ class Decoder:
 
     async def _one(self, data: bytes, transform: Transform, timeout: float | None) -> np.ndarray:
         """One image: the header checks here (a refusal waits for nothing), then the decode under its cost."""
-        _, cost = check_header(data, self.max_pixels, transform.decode_target, self.max_decode_bytes)
+        info, cost = check_header(data, self.max_pixels, transform.decode_target, self.max_decode_bytes)
         return await self.budget.run(
             cost,
             preprocess,
@@ -98,6 +98,7 @@ class Decoder:
             self.max_pixels,
             True,
             self.max_decode_bytes,
+            info,  # the header read once: the decode does not probe it again
             timeout=timeout,
             executor=self.executor,
         )
