@@ -27,8 +27,9 @@ from app.pipeline.abstats import ABStats
 from app.pipeline.capture import CaptureStore, directory_name
 from app.pipeline.cascade import MarginEvidence
 from app.pipeline.cascading import Cascades
+from app.pipeline.outcome import Outcome
 from app.pipeline.routing import Choice, WeightedSplit
-from app.pipeline.service import Outcome, Pipeline
+from app.pipeline.service import Pipeline
 from app.rollout.spec import RolloutSpec
 from app.toolchain.calibration import list_images
 from tests.test_pipeline_unit import FakeBackend, FakeCall, Metrics, no_ray, run, until  # noqa: F401 (no_ray: autouse)

@@ -21,6 +21,7 @@ from app.imaging.payloads import Pixels, Scores
 from app.imaging.transform import Transform
 from app.pipeline.abstats import ABStats
 from app.pipeline.admission import Admission, Limits
+from app.pipeline.attempts import Classify
 from app.pipeline.coalescer import Coalescer, Waiter
 from app.pipeline.failover import Failover
 from app.pipeline.ports import ReplicaLost
@@ -324,13 +325,9 @@ def test_a_failed_group_fails_each_of_its_waiters() -> None:
 # --------------------------------------------------------------------------- failover
 
 
-def attempt_on(backend: FakeBackend, fo: Failover) -> Any:
-    async def attempt(variant: str, deadline: float, abort: asyncio.Event | None) -> Scores:
-        px = Pixels(np.array([[7]]), 0.0, {}, [0])
-        call = backend.classify(variant, px, 5, False, None)
-        return await fo.call(call, deadline - asyncio.get_running_loop().time(), abort=abort, variant=variant)
-
-    return attempt
+def attempt_on(backend: FakeBackend, fo: Failover) -> Classify:
+    """The attempt ready pixels make: one Classifier call on the variant, abandoned when the variant fails."""
+    return Classify(backend, fo, Pixels(np.array([[7]]), 0.0, {}, [0]), 5, False)
 
 
 def deadline_in(s: float) -> float:
@@ -422,11 +419,12 @@ def test_a_service_error_from_the_chain_names_its_variant() -> None:
     async def go() -> None:
         fo = Failover(FakeBackend(), ["fp32", "int8"])
 
-        async def attempt(variant: str, deadline: float, abort: asyncio.Event | None) -> None:
-            raise ServiceError("overloaded", "full")
+        class Refused:
+            async def on(self, variant: str, deadline: float, abort: asyncio.Event | None) -> None:
+                raise ServiceError("overloaded", "full")
 
         with pytest.raises(ServiceError) as e:
-            await fo.run(Choice("int8", "weighted"), SPLIT, True, deadline_in(5), attempt)
+            await fo.run(Choice("int8", "weighted"), SPLIT, True, deadline_in(5), Refused())
         assert e.value.variant == "int8"
 
     run(go())
@@ -606,7 +604,7 @@ def test_the_transform_given_at_construction_goes_down_with_each_decode_without_
         p = Pipeline(backend, ["fp32", "int8"], Metrics(), rng=random.Random(0), transform=given)
         settings = RouterConfig.model_validate({"weights": {"fp32": 1, "int8": 1}})
         p.configure(settings, WeightedSplit(settings.weights))
-        assert p.known_target("int8") == given.decode_target
+        assert p.specs.known_target("int8") == given.decode_target
         now = asyncio.get_running_loop().time()
         await p.classify(Choice("int8", "model"), [b"\x09"], 5, now)
         await p.classify(Choice("fp32", "model"), [b"\x0a"], 5, now)
@@ -614,7 +612,7 @@ def test_the_transform_given_at_construction_goes_down_with_each_decode_without_
 
         asked = FakeBackend()
         q = pipeline(asked)
-        assert q.known_target("int8") is None  # not known until a Classifier said
+        assert q.specs.known_target("int8") is None  # not known until a Classifier said
         await q.classify(Choice("int8", "model"), [b"\x09"], 5, now)
         await q.classify(Choice("int8", "model"), [b"\x0a"], 5, now)
         assert asked.described == ["int8"] and asked.transforms == [Transform.square(224)] * 2
@@ -639,7 +637,7 @@ def test_ready_reports_each_variant() -> None:
     async def go() -> None:
         backend = FakeBackend()
         backend.gates["int8"] = asyncio.Event()
-        assert await pipeline(backend).ready(["fp32", "int8"]) == {"fp32": True, "int8": False}
+        assert await pipeline(backend).specs.ready(["fp32", "int8"]) == {"fp32": True, "int8": False}
 
     run(go())
 
@@ -746,7 +744,7 @@ def test_a_lost_replica_on_a_control_call_is_a_503_not_a_500() -> None:
             raise ReplicaLost("RayActorError", unavailable=True)
 
         with pytest.raises(ServiceError) as e:
-            await p.ask(FakeCall(lost()), 1.0)
+            await p.specs.ask(FakeCall(lost()), 1.0)
         assert e.value.code == "variant_unavailable" and e.value.status == 503
 
     run(go())

@@ -87,7 +87,7 @@ class RouterPolicy:
         if self.base is None or self.config_id is None:
             return
         try:
-            override = await self.pipeline.ask(
+            override = await self.pipeline.specs.ask(
                 self.pipeline.backend.ledger_poll(self.config_id, self.base.weights), timeout_s
             )
         except Exception as e:  # the ledger is best-effort; serving is not: keep the weights we have
@@ -123,7 +123,7 @@ class RouterPolicy:
         if not cascades.any_auto():
             return
         try:
-            raw = await self.pipeline.ask(self.pipeline.backend.ledger_margins(), timeout_s)
+            raw = await self.pipeline.specs.ask(self.pipeline.backend.ledger_margins(), timeout_s)
             margins = {k: MarginEvidence.from_dict(v) for k, v in raw.items()}
         except Exception as e:  # the ledger is best-effort: keep the thresholds we have
             logger.debug("cascade evidence not read: %s", type(e).__name__)

@@ -29,7 +29,7 @@ class RolloutAPI:
         self.bodies = bodies
 
     async def _call(self, method: str, *args: Any) -> Any:
-        return await self.pipeline.ask(self.pipeline.backend.rollout(method, *args), 10.0)
+        return await self.pipeline.specs.ask(self.pipeline.backend.rollout(method, *args), 10.0)
 
     async def get(self, request: Request) -> Response:
         return json_response({"model": self.model, **await self._call("get")})

@@ -19,7 +19,8 @@ from app.http.front_report import FrontReport
 from app.http.policy import RouterPolicy
 from app.http.replies import Replies, json_response, model_response
 from app.http.report import RouterReport
-from app.pipeline.service import Outcome, Pipeline, ms
+from app.pipeline.outcome import Outcome, ms
+from app.pipeline.service import Pipeline
 from app.protocol import v1
 
 if TYPE_CHECKING:  # a type only: the Router's metrics are made and handed in by the deployment
@@ -83,7 +84,7 @@ class V1:
             images = reading.v1_images(raw, head, limits)
             choice = self.policy.choose(request.headers)
             # The header pre-check on every image; a refused one fails only its own entry.
-            refused, pixels = reading.check_images(images, limits, pipeline.known_target(choice.variant))
+            refused, pixels = reading.check_images(images, limits, pipeline.specs.known_target(choice.variant))
             self.metrics.observe_pixels(pixels)
             sent = [i for i in range(len(images)) if i not in refused]
             if not batch and refused:
@@ -93,7 +94,7 @@ class V1:
             try:
                 if sent:
                     outcome = await pipeline.classify(choice, [images[i] for i in sent], top_k, received)
-                    labels = await pipeline.labels()  # fetched once, with the first answer
+                    labels = await pipeline.specs.labels()  # fetched once, with the first answer
             except ServiceError as e:
                 return self._failed(endpoint, rid, e, e.variant or choice.variant)
         timings = {"receive": ms(received - t0), **outcome.timings(), "total": ms(time.perf_counter() - t0)}
@@ -154,7 +155,7 @@ class V1:
         return model_response(v1.Health(status="ok"))
 
     async def readyz(self, request: Request) -> Response:
-        detail = await self.pipeline.ready(self.variants)
+        detail = await self.pipeline.specs.ready(self.variants)
         if all(detail.values()):
             return model_response(v1.Ready(status="ready", variants=detail))
         err = ServiceError("not_ready", f"variants not ready: {sorted(v for v, ok in detail.items() if not ok)}")
@@ -165,7 +166,7 @@ class V1:
         cfg, split, pipeline, args = self.policy.config, self.policy.split, self.pipeline, self.args
         assert split is not None
         described = await asyncio.gather(
-            *(pipeline.ask(pipeline.backend.describe(v), 5.0) for v in self.variants), return_exceptions=True
+            *(pipeline.specs.ask(pipeline.backend.describe(v), 5.0) for v in self.variants), return_exceptions=True
         )
         variants = {}
         for v, d in zip(self.variants, described, strict=True):
@@ -208,7 +209,7 @@ class V1:
     async def ab_summary(self, request: Request) -> Response:
         pipeline = self.pipeline
         await pipeline.evidence.flush()
-        summary = await pipeline.ask(pipeline.backend.ledger_summary(), 10.0)
+        summary = await pipeline.specs.ask(pipeline.backend.ledger_summary(), 10.0)
         if pipeline.cascades.states:  # their evidence is the ledger's too: the thresholds as of this moment
             await self.policy.refit_cascades()
             summary["cascades"] = pipeline.cascades.describe(with_curve=True)
@@ -219,7 +220,7 @@ class V1:
         answer within 5 s."""
         pipeline = self.pipeline
         described = await asyncio.gather(
-            *(pipeline.ask(pipeline.backend.describe(v), 5.0) for v in self.variants), return_exceptions=True
+            *(pipeline.specs.ask(pipeline.backend.describe(v), 5.0) for v in self.variants), return_exceptions=True
         )
         out = {}
         for v, d in zip(self.variants, described, strict=True):
@@ -234,4 +235,4 @@ class V1:
         """Zero the A/B counters (POST /v1/ab/reset); returns the summary as it was."""
         pipeline = self.pipeline
         pipeline.evidence.reset()  # this replica's unflushed counts go too
-        return json_response({"reset": True, "before": await pipeline.ask(pipeline.backend.ledger_reset(), 10.0)})
+        return json_response({"reset": True, "before": await pipeline.specs.ask(pipeline.backend.ledger_reset(), 10.0)})

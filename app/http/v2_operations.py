@@ -23,8 +23,9 @@ from app.http.replies import Replies
 from app.imaging.payloads import Pixels
 from app.model.outputs import probabilities as as_probabilities
 from app.pipeline.cascade import escalate
+from app.pipeline.outcome import Outcome, ms
 from app.pipeline.routing import Choice
-from app.pipeline.service import Outcome, Pipeline, ms
+from app.pipeline.service import Pipeline
 from app.protocol import v2
 from app.protocol.v2 import triton_config
 
@@ -61,20 +62,20 @@ class V2Operations:
     async def ready(self, model: str | None = None, version: str | None = None) -> list[str]:
         """The variants behind the server (model None) or behind one model that are not ready now."""
         pinned = self.pin(model, version) if model is not None else None
-        detail = await self.pipeline.ready([pinned] if pinned else self.variants)
+        detail = await self.pipeline.specs.ready([pinned] if pinned else self.variants)
         return [v for v, ok in detail.items() if not ok]
 
     async def metadata(self, model: str, version: str | None) -> dict[str, Any]:
         """The protocol's model metadata of one V2 model."""
-        spec = await self.pipeline.spec(self.pin(model, version) or self.variants[0])
+        spec = await self.pipeline.specs.spec(self.pin(model, version) or self.variants[0])
         return v2.model_metadata(model, [v2.DEFAULT_VERSION], spec, spec.get("classes"))
 
     async def config(self, model: str, version: str | None) -> dict[str, Any]:
         """Triton's model configuration of one V2 model (app/protocol/v2/triton_config.py); the A/B model's is its
         first variant's."""
         variant = self.pin(model, version) or self.variants[0]
-        spec = await self.pipeline.spec(variant)
-        described = await self.pipeline.ask(self.pipeline.backend.describe(variant), 5.0)
+        spec = await self.pipeline.specs.spec(variant)
+        described = await self.pipeline.specs.ask(self.pipeline.backend.describe(variant), 5.0)
         return triton_config.model_config(model, spec, spec.get("classes"), self.limits.max_batch_files, described)
 
     async def statistics(self, model: str | None, version: str | None) -> dict[str, Any]:
@@ -83,7 +84,7 @@ class V2Operations:
         if model is not None:
             self.pin(model, version)  # 404 for an unknown name or version
             names = [model]
-        table = await self.pipeline.ask(self.pipeline.backend.ledger_model_stats(), 5.0)
+        table = await self.pipeline.specs.ask(self.pipeline.backend.ledger_model_stats(), 5.0)
         table.merge(self.pipeline.evidence.stats.models)
         return table.triton(names, v2.DEFAULT_VERSION)
 
@@ -111,7 +112,7 @@ class V2Operations:
 
     async def image_shape(self, choice: Choice) -> tuple[int, int, int]:
         """The chosen variant's input image shape, which the transport's parse checks tensors against."""
-        return v2.image_shape(await self.pipeline.spec(choice.variant))
+        return v2.image_shape(await self.pipeline.specs.spec(choice.variant))
 
     async def run(self, req: v2.InferRequest, choice: Choice, received: float) -> Outcome:
         """A parsed request through the pipeline; the caller holds its admission. received: when its body was in
@@ -119,7 +120,7 @@ class V2Operations:
         pipeline = self.pipeline
         full = req.needs_logits or req.needs_probabilities
         if req.images is not None:
-            target = (await pipeline.transform(choice.variant)).decode_target
+            target = (await pipeline.specs.transform(choice.variant)).decode_target
             refused, pixels = reading.check_images(req.images, self.limits, target)
             self.metrics.observe_pixels(pixels)
             if refused:  # the protocol has no per-item errors: the first refusal fails the request
@@ -141,7 +142,7 @@ class V2Operations:
         probabilities = as_probabilities(logits, kind) if req.needs_probabilities and logits is not None else None
         outputs = v2.compute_outputs(
             req,
-            await self.pipeline.labels(),
+            await self.pipeline.specs.labels(),
             logits=logits,
             probabilities=probabilities,
             top=[outcome.top[i] for i in sorted(outcome.top)],

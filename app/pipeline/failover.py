@@ -12,8 +12,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from app.errors import ServiceError
 from app.pipeline.coalescer import detached_task
@@ -23,12 +22,20 @@ from app.request.guards import deadline_message
 
 logger = logging.getLogger("ray.serve")
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 CHECK_EVERY_S = 0.1  # how often a waiting call asks whether its variant still has replicas
 POLL_EVERY_S = 1.0
 QUIET_S = 30.0  # the health poll stops this long after the last failure, once every variant has replicas
 
-# (variant, deadline, abort event or None) -> the answer; raises ReplicaLost to fail over.
-Attempt = Callable[[str, float, "asyncio.Event | None"], Awaitable[T]]
+
+class Attempt(Protocol[T_co]):
+    """One request's calls on a variant (`attempts.DecodeAndClassify`, `attempts.Classify`), which `Failover.run`
+    makes on the chosen variant and, after a replica failure, once more elsewhere."""
+
+    async def on(self, variant: str, deadline: float, abort: asyncio.Event | None) -> T_co:
+        """The answer from `variant` by `deadline` (perf_counter); ReplicaLost to fail over. `abort`: set when the
+        variant fails meanwhile (the call is abandoned at once)."""
+        ...
 
 
 class Failover:
@@ -42,7 +49,7 @@ class Failover:
     async def run(
         self, choice: Choice, split: WeightedSplit, failover: bool, deadline: float, attempt: Attempt[T]
     ) -> tuple[T, str]:
-        """`attempt` on the chosen variant, retried once on ReplicaLost; (answer, the variant that gave it).
+        """`attempt.on` the chosen variant, retried once on ReplicaLost; (answer, the variant that gave it).
 
         A ServiceError from the chain carries the variant it came from (ServiceError.variant).
         """
@@ -60,7 +67,7 @@ class Failover:
                 break
             abort = self.abort_event(variant) if n == 0 and tries[1] != variant else None
             try:
-                return await attempt(variant, deadline, abort), variant
+                return await attempt.on(variant, deadline, abort), variant
             except ReplicaLost as e:
                 self.mark_failed(variant)
                 logger.warning(

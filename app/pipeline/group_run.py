@@ -1,0 +1,154 @@
+"""What a request's images go through once they leave the Router's queue: the chosen variant (or a cascade's first)
+under failover, a cascade's second stage, then the shadow; each request of a coalesced group gets its share.
+
+`group` is the coalescer's one entry point (a group of requests for one variant); `pixels` the one of ready pixels,
+which do not ride the coalescer. Both read the Router's config in force (`configure`, live).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from app.config import RouterConfig
+from app.errors import ServiceError
+from app.imaging.payloads import Pixels, Scores
+from app.pipeline.attempts import Classify, DecodeAndClassify
+from app.pipeline.cascading import Cascader, Cascades, CascadeState, Escalation
+from app.pipeline.coalescer import Waiter
+from app.pipeline.failover import Attempt, Failover
+from app.pipeline.model_specs import ModelSpecs
+from app.pipeline.outcome import Outcome, ms, share_of
+from app.pipeline.ports import Backend
+from app.pipeline.routing import Choice, WeightedSplit
+from app.pipeline.shadow import SHADOW_TOP_K, Shadow
+
+logger = logging.getLogger("ray.serve")
+T = TypeVar("T")
+Key = tuple[str, bool, bool]  # (variant, pinned, full): the requests one group may carry
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What one request of a group asked for."""
+
+    choice: Choice
+    top_k: int
+    received: float  # perf_counter when the body was in: the deadline runs from here
+    full: bool
+
+
+class GroupRun:
+    def __init__(
+        self,
+        backend: Backend,
+        failover: Failover,
+        specs: ModelSpecs,
+        cascades: Cascades,
+        cascader: Cascader,
+        shadow: Shadow,
+    ) -> None:
+        self.backend, self.failover, self.specs = backend, failover, specs
+        self.cascades, self.cascader, self.shadow = cascades, cascader, shadow
+        self.settings: RouterConfig | None = None
+        self.split: WeightedSplit | None = None
+
+    def configure(self, settings: RouterConfig, split: WeightedSplit) -> None:
+        self.settings, self.split = settings, split
+
+    def limits(self) -> tuple[int, int]:
+        """(groups in flight per variant, images per group): the coalescer reads them at each send."""
+        assert self.settings is not None
+        return self.settings.max_groups_in_flight, self.settings.coalesce_max
+
+    async def group(self, key: Key, group: list[Waiter]) -> list[Outcome]:
+        """A coalesced group: its images decoded and classified in one trip, each request's share of the answer."""
+        assert self.settings is not None
+        started = time.perf_counter()
+        asks: list[Ask] = [w.extra for w in group]
+        images = [img for w in group for img in w.images]
+        top_k = max(SHADOW_TOP_K, *(a.top_k for a in asks))
+        full = key[2]
+        # The group's calls run until its newest request's deadline; an older one leaves at its own (classify).
+        newest = max(a.received for a in asks)
+        cascade = self.cascades.get(key[0])  # a cascade's group runs on its `first`, then the uncertain rows on
+        stage1 = Choice(cascade.first, asks[0].choice.reason) if cascade else asks[0].choice  # its `then`
+        attempt = DecodeAndClassify(self.backend, self.failover, self.specs, images, top_k, full)
+        (scores, pixels), variant = await self._first(cascade, stage1, newest, attempt)
+        escalation = None
+
+        def source(row: int) -> bytes:  # a row's encoded image (the capture keeps disagreements)
+            return images[scores.positions[row]]
+
+        if cascade is not None and variant == cascade.first:
+            earliest = min(a.received for a in asks)  # the cascade's second stage runs to the earliest deadline
+            scores, escalation = await self._second(cascade, scores, pixels, top_k, full, earliest, source)
+            variant = cascade.name
+        out, start = [], 0
+        for w, ask in zip(group, asks, strict=True):
+            n = len(w.images)
+            waited = ms(started - w.enqueued)
+            out.append(share_of(scores, ask.choice, variant, range(start, start + n), waited, escalation))
+            start += n
+        if scores.positions:
+            try:  # the answers are ready: a shadow that cannot start must not fail them
+                s = self.settings
+                self.shadow.maybe(scores, pixels, s.shadow_fraction, s.max_shadow_in_flight, escalation, source)
+            except Exception:
+                logger.exception("shadow run not started")
+        return out
+
+    async def pixels(self, choice: Choice, pixels: Pixels, top_k: int, received: float, full: bool) -> Outcome:
+        """Ready pixels (a V2 tensor) straight to the Classifier, with failover and a cascade's second stage."""
+        k = max(top_k, SHADOW_TOP_K)
+        cascade = self.cascades.get(choice.variant)
+        stage1 = Choice(cascade.first, choice.reason) if cascade else choice
+        attempt = Classify(self.backend, self.failover, pixels, k, full)
+        scores, variant = await self._first(cascade, stage1, received, attempt)
+        escalation = None
+        if cascade is not None and variant == cascade.first:
+            scores, escalation = await self._second(cascade, scores, pixels, k, full, received)
+            variant = cascade.name
+        return share_of(scores, choice, variant, range(len(pixels.array)), 0, escalation)
+
+    async def _first(
+        self, cascade: CascadeState | None, choice: Choice, received: float, attempt: Attempt[T]
+    ) -> tuple[T, str]:
+        """The request on its variant, or a cascade's on its `first`, under failover; a cascade's failure is the
+        cascade's (A/B)."""
+        assert self.settings is not None and self.split is not None
+        deadline = received + self.settings.inference_timeout_s
+        try:
+            return await self.failover.run(choice, self.split, self.settings.failover, deadline, attempt)
+        except ServiceError as e:
+            if cascade is not None:
+                e.variant = cascade.name
+            raise
+
+    async def _second(
+        self,
+        cascade: CascadeState,
+        scores: Scores,
+        pixels: Any,
+        top_k: int,
+        full: bool,
+        received: float,
+        source: Any = None,
+    ) -> tuple[Scores, Escalation]:
+        """A cascade's uncertain rows on its `then`, by the deadline of the request received at `received`."""
+        assert self.settings is not None
+        await self._check(cascade)
+        deadline = received + self.settings.inference_timeout_s
+        return await self.cascader.run(cascade, scores, pixels, top_k, full, deadline, source)
+
+    async def _check(self, cascade: CascadeState) -> None:
+        """Once per cascade: `then` takes the pixels decoded for `first` (the same input size), else no escalation."""
+        if cascade.checked:
+            return
+        first, then = await self.specs.transform(cascade.first), await self.specs.transform(cascade.then)
+        if first != then:
+            cascade.problem = f"{cascade.first} takes {first.shape} pixels and {cascade.then} {then.shape}"
+            logger.error("cascade %s cannot escalate: %s", cascade.name, cascade.problem)
+        cascade.checked = True
