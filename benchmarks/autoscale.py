@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from app.front.instance import private_serve_env
-from app.model import ModelFiles, default_files
+from app.served_model import ModelFiles, default_files
 from benchmarks.environment import REPO, RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.load import MAX_INFLIGHT, Workload, closed_step, drive, poisson_schedule
 from benchmarks.report import markdown_table, pyplot, save_figure, write_report

@@ -50,11 +50,11 @@ from app.batch.sizing import size_pool
 from app.batch.sources import list_images
 from app.config import AppArgs
 from app.imaging.opencv import cv2
-from app.model import default_files
-from app.model.graph import read_graph
-from app.model.model_io import Preparation
-from app.model.prologue import served_model
 from app.runtime import RuntimeOptions, cpu_engine
+from app.served_model import default_files
+from app.served_model.graph import read_graph
+from app.served_model.model_io import Preparation
+from app.served_model.prologue import served_model
 from app.toolchain.samples import available_photos, sample_bytes
 from benchmarks.environment import REPO, RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.procs import family

@@ -7,8 +7,8 @@
 A corpus with variety: every sample photograph under random crops, rotations, blur, noise and JPEG quality
 (deterministic). Each image is decoded as the service decodes it (`app.imaging.preprocess`) and run through both
 variants on the engines a CPU replica would pick (`app.runtime.open_engine`, engine auto, one thread). Half the
-images (every other one) are the evidence `app.pipeline.cascade.fit_threshold` fits the `auto` threshold from, as live
-shadow comparisons would be; the other half is where every figure is read:
+images (every other one) are the evidence `app.pipeline.cascade_rule.fit_threshold` fits the `auto` threshold from, as
+live shadow comparisons would be; the other half is where every figure is read:
 - for thresholds 0 to 1: agreement of the cascade's top-1 with FP32's, and the share of images escalated;
 - throughput on one core, measured: decode + INT8 on batches of 16, and FP32 on each batch's escalated images,
   against decode + INT8 alone and decode + FP32 alone, at thresholds 0, `auto` and 1 (and, for the curve, the
@@ -28,10 +28,10 @@ import numpy as np
 
 from app.imaging.opencv import cv2  # the service's OpenCV settings (its pixel guard) before the library loads
 from app.imaging.preprocess import preprocess
-from app.model import builtin_transform
-from app.pipeline.cascade import MarginEvidence, curve, escalate, fit_threshold, margin
+from app.pipeline.cascade_rule import MarginEvidence, curve, escalate, fit_threshold, margin
 from app.runtime import open_engine, softmax, top_k
 from app.runtime.plan import RuntimeOptions
+from app.served_model import builtin_transform
 from app.toolchain.samples import available_photos, sample_bytes
 from benchmarks.environment import REPO, RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.report import markdown_table, pyplot, save_figure, write_report

@@ -22,8 +22,8 @@ import numpy as np
 import psutil
 
 from app.imaging.preprocess import preprocess
-from app.model import builtin_transform, default_files
 from app.runtime import OrtEngine, RuntimeOptions, onnxruntime_engine
+from app.served_model import builtin_transform, default_files
 from benchmarks.corpus import build_corpus
 from benchmarks.environment import usable_cores
 

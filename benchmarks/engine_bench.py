@@ -27,10 +27,10 @@ HEADERS = ["model", "batch", "ORT CPU EP img/s", "OpenVINO img/s", "OpenVINO / O
 
 def bench_model(path: Path) -> dict[str, Any]:
     from app.imaging.preprocess import preprocess
-    from app.model import builtin_transform
     from app.runtime import RuntimeOptions, measure_alternating
     from app.runtime.plan import EngineChoice, cpu_choice
     from app.runtime.select import build
+    from app.served_model import builtin_transform
     from app.toolchain.samples import available_photos, sample_bytes
 
     names = sorted(available_photos())
@@ -67,7 +67,7 @@ def rows(result: dict[str, Any]) -> list[list[Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from app.model import default_files
+    from app.served_model import default_files
 
     argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     print_environment()

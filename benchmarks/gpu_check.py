@@ -100,7 +100,7 @@ ALIASES = {"cuda-qdq-int8": "cuda-int8-qdq"}  # the name this check had before i
 
 
 def default_models() -> dict[str, str]:
-    from app.model import default_files
+    from app.served_model import default_files
 
     files = default_files()
     return {"fp32": str(files.fp32), "fp16": str(files.fp16), "int8": str(files.int8), "trt_int8": str(files.int8_trt)}
@@ -129,7 +129,7 @@ def cache_files(directory: Path) -> dict[str, int]:
 def agreement_inputs(n: int) -> np.ndarray:
     """n real photographs (the bundled samples, randomly cropped), prepared as the server prepares them."""
     from app.imaging.preprocess import preprocess
-    from app.model import builtin_transform
+    from app.served_model import builtin_transform
     from app.toolchain.samples import augmented_samples
 
     transform = builtin_transform()

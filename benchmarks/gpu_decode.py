@@ -34,9 +34,9 @@ import numpy as np
 from app.config import Limits
 from app.imaging.preprocess import preprocess
 from app.imaging.transform import Transform
-from app.model import builtin_transform
 from app.runtime.cuda_transform import STANDIN, decoder_factory, open_gpu_pixels
 from app.runtime.gpu_pixels import GpuPixels
+from app.served_model import builtin_transform
 from benchmarks.corpus import build_corpus
 from benchmarks.environment import RESULTS_DIR, host_name, stamp
 from benchmarks.report import markdown_table, pyplot, save_figure, write_report

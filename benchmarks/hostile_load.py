@@ -41,7 +41,7 @@ import httpx
 import numpy as np
 
 from app.config import Limits
-from app.model import MODEL_NAME
+from app.served_model import MODEL_NAME
 from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.load import require_loopback, v2_request
 from benchmarks.procs import Monitor, Proc, node_serving, process_label, serve_processes

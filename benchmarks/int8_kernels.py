@@ -4,7 +4,7 @@
     python -m benchmarks.int8_kernels --quick    # 4 variations per photograph
 
 Two INT8 builds from the same calibration set (the CLI's default: 64 crops of the sample photographs):
-- shipped: `python -m app.models quantize` as it is, weight pairs limited for U8S8 kernels (app/model/u8s8.py);
+- shipped: `python -m app.models quantize` as it is, weight pairs limited for U8S8 kernels (app/served_model/u8s8.py);
 - as calibrated: the same with `--no-pair-limit` (built here, in a temporary directory).
 Each runs four ways on the varied corpus, one thread, batches of 16:
 - ORT CPU EP, fused: what a CPU replica runs (U8S8 kernels: VPMADDUBSW on x86 without VNNI);
@@ -27,11 +27,11 @@ import numpy as np
 import onnx
 
 from app.imaging.preprocess import preprocess
-from app.model import builtin_transform
-from app.model.u8s8 import pair_problems
 from app.runtime.openvino_engine import openvino_available
 from app.runtime.plan import PRECISE_U8S8, EngineChoice, RuntimeOptions, cpu_choice
 from app.runtime.select import build
+from app.served_model import builtin_transform
+from app.served_model.u8s8 import pair_problems
 from app.toolchain.quantize import QuantizeOptions, quantize
 from app.toolchain.report import DISABLE_QDQ_FUSION
 from app.toolchain.samples import augmented_samples

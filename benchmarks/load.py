@@ -36,8 +36,8 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from app.front.haproxy_config import Front
-from app.model import MODEL_NAME
 from app.protocol import v2
+from app.served_model import MODEL_NAME
 from benchmarks.corpus import SIZES, CorpusImage, build_corpus
 from benchmarks.report import fmt
 from benchmarks.stats import PERCENTILES, latency_summary, median

@@ -68,8 +68,8 @@ def bench_variant(
 ) -> dict[str, Any]:
     """Load one model and time it at every batch size. Meant to run in a fresh process."""
     from app.imaging.preprocess import preprocess
-    from app.model import builtin_transform
     from app.runtime import onnxruntime_engine
+    from app.served_model import builtin_transform
     from benchmarks.corpus import build_corpus
     from benchmarks.device import gpu_used_mib, runtime_options
     from benchmarks.procs import peak_rss_mib, reset_peak_rss, rss_mib
@@ -131,8 +131,8 @@ def to_markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from app.model import default_files
     from app.runtime import ModelLoadError
+    from app.served_model import default_files
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")

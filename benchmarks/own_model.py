@@ -6,14 +6,16 @@
 The model is configs/examples/efficientnet-lite1.yaml's: EfficientNet-Lite1 at 240 px exported as PyTorch users
 export it (float32 NCHW, (x - 127) / 128 outside the graph), and its INT8 build by `python -m app.models quantize`
 (both under models/, made by the commands at the top of that file). Every image is prepared as that config
-declares (app.model.model_io.Preparation: the Preprocessor's own `preprocess`, shorter side 274, centre 240, bicubic).
+declares (app.served_model.model_io.Preparation: the Preprocessor's own `preprocess`, shorter side 274, centre 240,
+bicubic).
 
 1. Where the normalisation runs, per engine a CPU replica may pick (ORT's CPU EP, OpenVINO), FP32 and INT8, one
    thread, batches of 16, CPU time per image, the ways alternating round by round:
-   - folded: the served graph (app/model/prologue.py), fed the uint8 batch the Preprocessor sends (what serves):
+   - folded: the served graph (app/served_model/prologue.py), fed the uint8 batch the Preprocessor sends (what serves):
      Transpose, Cast, then the per-channel affine as a 1x1 depthwise Conv;
-   - folded as Mul, Sub: the same with the affine as two elementwise ops (what app/model/prologue.py does not do);
-   - numpy: the Classifier normalising the uint8 batch in numpy (app.model.prologue.normalise), then the graph;
+   - folded as Mul, Sub: the same with the affine as two elementwise ops (what the served graph's prologue does not
+     do);
+   - numpy: the Classifier normalising the uint8 batch in numpy (app.served_model.prologue.normalise), then the graph;
    - none: the graph fed floats already normalised: the floor, what a float32 wire would need (4x the bytes).
 2. INT8 against FP32 on the varied images: top-1 agreement (served graphs, through each engine), and images/s on
    one core as served (the folded way's CPU time above).
@@ -34,12 +36,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from app.config import AppArgs
-from app.model.graph import read_graph
-from app.model.model_io import Preparation
-from app.model.prologue import PIXELS, normalise, served_model
 from app.runtime.openvino_engine import openvino_available
 from app.runtime.plan import EngineChoice, RuntimeOptions, cpu_choice
 from app.runtime.select import build
+from app.served_model.graph import read_graph
+from app.served_model.model_io import Preparation
+from app.served_model.prologue import PIXELS, normalise, served_model
 from benchmarks.cascade import BATCH, corpus, corpus_main
 from benchmarks.environment import REPO
 from benchmarks.report import markdown_table, pyplot, save_figure

@@ -19,8 +19,8 @@ import numpy as np
 
 from app.imaging.opencv import cv2  # the service's OpenCV settings (its pixel guard) before the library loads
 from app.imaging.preprocess import preprocess
-from app.model import builtin_transform, default_files
 from app.runtime import cpu_engine, softmax, top_k
+from app.served_model import builtin_transform, default_files
 from app.toolchain.samples import EVAL_PHOTOS, sample_bytes
 from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp
 from benchmarks.model_bench import time_runs

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from app.imaging.preprocess import preprocess
-from app.model import builtin_transform
-from app.pipeline.cascade import MarginEvidence, curve, fit_threshold, margin
+from app.pipeline.cascade_rule import MarginEvidence, curve, fit_threshold, margin
 from app.runtime import open_engine, softmax, top_k
 from app.runtime.plan import RuntimeOptions
+from app.served_model import builtin_transform
 from app.toolchain.quantize import QuantizeOptions, quantize
 from app.toolchain.samples import augmented_samples
 from benchmarks.cascade import BATCH, TARGET, corpus, corpus_main

@@ -30,7 +30,7 @@ import yaml
 
 from app.config import read_serve_env
 from app.front.instance import private_serve_env
-from app.model import MODEL_NAME
+from app.served_model import MODEL_NAME
 from app.toolchain.samples import available_photos, sample_bytes
 from benchmarks import cost
 from benchmarks.corpus import build_corpus

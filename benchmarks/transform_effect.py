@@ -26,12 +26,12 @@ import numpy as np
 import yaml
 
 from app.config import AppArgs
-from app.model.declaration import ModelDeclaration
-from app.model.graph import read_graph
-from app.model.model_io import Preparation
-from app.model.prologue import served_model
 from app.runtime.plan import RuntimeOptions, cpu_choice
 from app.runtime.select import build
+from app.served_model.declaration import ModelDeclaration
+from app.served_model.graph import read_graph
+from app.served_model.model_io import Preparation
+from app.served_model.prologue import served_model
 from app.toolchain.quantize import QuantizeOptions, quantize
 from app.toolchain.samples import augmented_samples
 from benchmarks.cascade import BATCH, corpus, corpus_main

@@ -40,7 +40,7 @@ LAYERS = [  # top imports below, never up (import-linter's layers contract); the
     ("app.toolchain", "build, quantize, report models (offline)"),
     ("app.runtime | front", "engines; the admission front (HAProxy)"),
     ("app.config", "settings and their validation"),
-    ("app.model | request", "the served model's contract; request limits"),
+    ("app.served_model | request", "the served model's contract; request limits"),
     ("app.imaging", "decode, the declared geometry"),
     ("app.errors", "one table of errors"),
 ]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from app.imaging.transform import Transform
-from app.model import ModelFiles, default_files
+from app.served_model import ModelFiles, default_files
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -10,9 +10,9 @@ import pytest
 
 from app.config import RouterConfig, validate_serve_config
 from app.errors import ServiceError
-from app.model import ModelFiles
 from app.pipeline import admission
 from app.pipeline.admission import QUEUE_FILL, Admission, CompletionRate, Limits
+from app.served_model import ModelFiles
 from tests.conftest import deployment, local_config
 from tests.test_pipeline_unit import no_ray, run, until  # noqa: F401 (no_ray: an autouse fixture)
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from app.config import validate_serve_config
-from app.model import ModelFiles
+from app.served_model import ModelFiles
 from benchmarks.autoscale import (
     DEPLOYMENTS,
     FITTED,

@@ -21,7 +21,7 @@ from ray.cluster_utils import Cluster
 
 from app.batch.cli import main
 from app.config import AppArgs
-from app.model import ModelFiles
+from app.served_model import ModelFiles
 from app.toolchain.report import build_report
 from app.toolchain.samples import sample_path
 from tests.batch_files import bad_files

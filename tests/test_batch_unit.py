@@ -22,7 +22,7 @@ from app.batch.sizing import Pool, cpu_actors, size_pool
 from app.batch.sources import list_images
 from app.config import AppArgs, Limits
 from app.imaging.transform import Transform
-from app.model import ModelFiles
+from app.served_model import ModelFiles
 from app.toolchain.samples import sample_bytes
 from tests.batch_files import bad_files
 from tests.conftest import load_config, local_config

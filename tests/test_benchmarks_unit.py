@@ -18,8 +18,8 @@ import pytest
 from app.config import Limits
 from app.http.reading import multipart_images
 from app.imaging.probe import probe_dimensions
-from app.model import ModelFiles
 from app.protocol import v2
+from app.served_model import ModelFiles
 from benchmarks.corpus import SIZES, CorpusImage, build_corpus, describe, render
 from benchmarks.load import (
     NonLoopbackURL,

@@ -1,4 +1,4 @@
-"""Serving a cascade (app/pipeline/cascading.py) without Ray: the escalation rule on real pipeline groups, the
+"""Serving a cascade (app/pipeline/cascade_stage.py) without Ray: the escalation rule on real pipeline groups, the
 merged answers, a `then` that cannot answer, the evidence the shadows collect for `margin: auto`, the fit, and
 the calibration capture (app/pipeline/capture.py) on a real directory.
 
@@ -25,8 +25,8 @@ from app.imaging.payloads import Pixels
 from app.imaging.transform import Transform
 from app.pipeline.abstats import ABStats
 from app.pipeline.capture import CaptureStore, directory_name
-from app.pipeline.cascade import MarginEvidence
-from app.pipeline.cascading import Cascades
+from app.pipeline.cascade_rule import MarginEvidence
+from app.pipeline.cascade_stage import Cascades
 from app.pipeline.outcome import Outcome
 from app.pipeline.routing import Choice, WeightedSplit
 from app.pipeline.service import Pipeline

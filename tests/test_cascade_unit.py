@@ -1,4 +1,4 @@
-"""The cascade's rule and threshold fitting (app/pipeline/cascade.py), pure: no Ray, no engines."""
+"""The cascade's rule and threshold fitting (app/pipeline/cascade_rule.py), pure: no Ray, no engines."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from app.pipeline.cascade import BUCKETS, MarginEvidence, curve, escalate, fit_threshold, margin
+from app.pipeline.cascade_rule import BUCKETS, MarginEvidence, curve, escalate, fit_threshold, margin
 
 
 def test_margin_is_top1_minus_top2_and_the_threshold_bounds_are_all_and_nothing() -> None:

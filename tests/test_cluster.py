@@ -35,8 +35,8 @@ from ray.cluster_utils import Cluster
 
 from app.front.haproxy_config import REFUSAL
 from app.imaging.opencv import cv2
-from app.model import ModelFiles
 from app.serve.serve_internals import serve_client
+from app.served_model import ModelFiles
 from app.toolchain.samples import sample_bytes
 from benchmarks.autoscale import prod_on_one_machine, replica_counts
 from benchmarks.stats import percentile

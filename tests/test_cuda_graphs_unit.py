@@ -25,13 +25,13 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from app.model import ModelFiles
 from app.runtime import graphs
 from app.runtime.capture_gate import CaptureGate
 from app.runtime.graphs import GraphIO, GraphRunner, bucket_for, default_buckets, ranges
 from app.runtime.ort_engine import OrtDevice, OrtEngine, graph_io, padded_rows
 from app.runtime.plan import GraphOptions, RuntimeOptions, cpu_choice
 from app.runtime.spec import ModelLoadError, spec_from_io
+from app.served_model import ModelFiles
 from tests.conftest import wait_until
 
 CLASSES = 6

@@ -1,4 +1,4 @@
-"""The model declaration (`args.model`, app/model/declaration.py): what it may say, what the graph refuses, and
+"""The model declaration (`args.model`, app/served_model/declaration.py): what it may say, what the graph refuses, and
 `python -m app.config` naming the field of each contradiction without starting anything. Pure: no Ray."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import yaml
 from pydantic import ValidationError
 
 from app.config import AppArgs
-from app.model import BUILTIN_MODEL
-from app.model.check import check_files
-from app.model.declaration import ModelDeclaration, PreprocessDeclaration
-from app.model.graph import graph_io_of
-from app.model.model_io import check_transform, transform_for, transform_of
+from app.served_model import BUILTIN_MODEL
+from app.served_model.check import check_files
+from app.served_model.declaration import ModelDeclaration, PreprocessDeclaration
+from app.served_model.graph import graph_io_of
+from app.served_model.model_io import check_transform, transform_for, transform_of
 from tests.conftest import REPO, load_config
 from tests.test_prologue import CLASSES, H, W, classifier
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from ray import serve
 
-from app.model import BUILTIN_MODEL, ModelFiles
 from app.runtime.measure import MAX_SPEEDUP
+from app.served_model import BUILTIN_MODEL, ModelFiles
 from tests.conftest import ServeDeployer, driver_handle, local_config, wait_until
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,6 @@ from app.imaging.gpu_decode import BatchDecode, Decoded
 from app.imaging.opencv import cv2
 from app.imaging.standin_decoder import HostJpegDecoder
 from app.imaging.transform import Transform
-from app.model import ModelFiles
 from app.runtime.cuda_transform import CudaImageTransform
 from app.runtime.device_batch import (
     CUDA_MEMCPY_DEVICE_TO_DEVICE,
@@ -36,6 +35,7 @@ from app.runtime.plan import GraphOptions, RuntimeOptions, cpu_choice
 from app.runtime.transform_graph import GraphTransform
 from app.serve.batch_decoder import BatchDecoder, Item, warm_jpegs
 from app.serve.device_mode import DeviceModeOff, OnDevice, check_device_mode, engine_logits, open_device_batches
+from app.served_model import ModelFiles
 from app.toolchain.samples import sample_bytes
 from tests.hostile import cv_encode, jpeg_with_size, pattern_image
 

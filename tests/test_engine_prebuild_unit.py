@@ -18,12 +18,12 @@ import pytest
 import yaml
 
 from app.config import AppArgs
-from app.model.prologue import served_model
 from app.runtime import prebuild, select
 from app.runtime.cli import main
 from app.runtime.ort_engine import OrtEngine
 from app.runtime.plan import CPU, TENSORRT, EngineChoice, Provider, RuntimeOptions
 from app.runtime.variants import runtime_options, speed_gate_for
+from app.served_model.prologue import served_model
 
 REPO = Path(__file__).resolve().parent.parent
 PROD = REPO / "configs" / "prod.yaml"

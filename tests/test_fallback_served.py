@@ -15,8 +15,8 @@ import pytest
 import ray
 from ray import serve
 
-from app.model import BUILTIN_MODEL, ModelFiles
 from app.protocol.v1 import ABSummary, VariantInfo
+from app.served_model import BUILTIN_MODEL, ModelFiles
 from tests.conftest import REPO, ServeDeployer, driver_handle, local_config, wait_until
 from tests.cuda_stand_in import SITECUSTOMIZE
 from tests.test_observability import scrape, total

@@ -20,7 +20,6 @@ import pytest
 import yaml
 
 from app.config import AppArgs
-from app.model import BUILTIN_MODEL, ModelFiles
 from app.runtime import select
 from app.runtime.cli import main as plan_main
 from app.runtime.fallback import Build, NeedsTensorRT, tensorrt_absence, tensorrt_failed
@@ -28,6 +27,7 @@ from app.runtime.ort_engine import OrtEngine
 from app.runtime.plan import CPU, CUDA, TENSORRT, EngineChoice, RuntimeOptions, cpu_choice
 from app.runtime.spec import ModelLoadError
 from app.runtime.variants import fallback_options
+from app.served_model import BUILTIN_MODEL, ModelFiles
 from tests.conftest import REPO
 
 

@@ -19,12 +19,12 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
 
 from app.imaging.preprocess import preprocess
-from app.model import TARGETS, ModelFiles, builtin_transform, is_builtin_file
-from app.model.declaration import PreprocessDeclaration
-from app.model.graph import graph_io_of, read_graph
-from app.model.prologue import served_model
 from app.models.cli import main
 from app.runtime import CPU, CUDA, usable_providers
+from app.served_model import TARGETS, ModelFiles, builtin_transform, is_builtin_file
+from app.served_model.declaration import PreprocessDeclaration
+from app.served_model.graph import graph_io_of, read_graph
+from app.served_model.prologue import served_model
 from app.toolchain.fp16 import (
     FP32_OPS,
     Clamped,

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from app.model import ModelFiles
 from app.runtime.ort_engine import missing_libraries, usable_providers
 from app.runtime.plan import CPU, CUDA, TENSORRT
+from app.served_model import ModelFiles
 from benchmarks import gpu_check
 from benchmarks.gpu_check import TARGETS, TORCH, Check, batch_table, run
 

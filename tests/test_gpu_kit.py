@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from app.model import ModelFiles
+from app.served_model import ModelFiles
 from benchmarks.gpu_kit import contents, plan
 from benchmarks.gpu_kit.contents import DRY_RUN_MODEL_FILES, FP16, INT8_TRT, MODEL_FILES
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.model import ModelFiles
+from app.served_model import ModelFiles
 from app.toolchain.samples import sample_bytes
 from tests.conftest import ServeDeployer, deployment, load_config, local_config, wait_until
 from tests.hostile import HostileCase, hostile_cases

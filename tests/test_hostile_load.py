@@ -33,8 +33,8 @@ from ray import serve
 
 from app.config import Limits
 from app.front.haproxy_config import Front
-from app.model import ModelFiles
 from app.serve.serve_internals import serve_client
+from app.served_model import ModelFiles
 from benchmarks import hostile_load
 from benchmarks.procs import is_raylet, proc_table
 from tests.conftest import APP_NAME, local_config, use_serve_env, wait_until

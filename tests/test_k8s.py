@@ -1494,7 +1494,7 @@ def test_the_image_runs_the_admission_front_as_serves_haproxy() -> None:
     assert path and path.group(1).endswith("/bin/app-haproxy"), "Serve must start the front (app/front/)"
     install = next(a for i, a in steps if i == "RUN" and a.startswith("pip install"))
     assert 'test "$(command -v app-haproxy)" = "$RAY_SERVE_HAPROXY_BINARY_PATH"' in install  # built where it points
-    assert 'app-haproxy = "app.front:main"' in _pyproject()
+    assert 'app-haproxy = "app.front.haproxy:main"' in _pyproject()
     # configs/serve.env goes into every Pod and must not point Serve elsewhere; the front's limits are prod.yaml's
     # args.front, rendered beside it into every container's environment.
     serve_env = k8s.parse_serve_env((REPO / "configs" / "serve.env").read_text(), "serve.env")

@@ -14,7 +14,7 @@ import pytest
 import tritonclient.http as triton
 
 from app.imaging.preprocess import preprocess
-from app.model import builtin_transform
+from app.served_model import builtin_transform
 from app.toolchain.samples import sample_bytes
 from tests import kserve_client
 from tests.conftest import ServeDeployer

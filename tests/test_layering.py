@@ -70,12 +70,16 @@ def test_the_import_contracts_hold() -> None:
         # Router's metrics through its own port (app/http/ports.py); no package imports the command-line tools.
         ("config/args.py", "from app.runtime import plan", "app.config.args -> app.runtime.plan"),
         ("config/front.py", "import app.front.haproxy_config", "app.config.front -> app.front.haproxy_config"),
-        ("model/declaration.py", "from app.toolchain import build", "app.model.declaration -> app.toolchain.build"),
+        (
+            "served_model/declaration.py",
+            "from app.toolchain import build",
+            "app.served_model.declaration -> app.toolchain.build",
+        ),
         ("pipeline/capture.py", "from app.toolchain import calibration", "app.pipeline.capture -> app.toolchain"),
         ("http/replies.py", "from app.serve import metrics", "app.http.replies -> app.serve.metrics"),
         ("runtime/select.py", "import app.ops.capacity", "app.runtime.select -> app.ops.capacity"),
         # The Router loads no engine (ONNX Runtime would come with app.runtime's __init__).
-        ("http/v2_operations.py", "from app.runtime import measure", "app.http.v2_operations -> app.runtime"),
+        ("http/v2_dataplane.py", "from app.runtime import measure", "app.http.v2_dataplane -> app.runtime"),
         # Cycles the layers cannot see (siblings of one layer, modules of one package): acyclic_siblings.
         ("pipeline/admission.py", "import app.rollout.evidence", ".rollout -> .pipeline"),
         ("http/v1.py", "import app.http.assembly", ".v1 -> .assembly"),

@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from app.model import ModelFiles
+from app.served_model import ModelFiles
 from benchmarks.corpus import CorpusImage, build_corpus
 from benchmarks.load import multipart_body
 from tests.conftest import REPO, free_port, wait_until

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.model import ModelFiles
 from app.models.cli import main
+from app.served_model import ModelFiles
 from app.toolchain.report import report_paths
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import ray
 
-from app.model import ModelFiles
+from app.served_model import ModelFiles
 from app.toolchain.samples import sample_bytes
 from tests.conftest import METRICS_PORT, ServeDeployer, deployment, driver_handle, local_config, wait_until
 from tests.test_app import post_many, small_png

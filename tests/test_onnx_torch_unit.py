@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from app.model import ModelFiles
+from app.served_model import ModelFiles
 
 torch = pytest.importorskip("torch", reason="torch is not installed: the gpu-check extra, in a venv of its own")
 from benchmarks.onnx_torch import UnsupportedGraph, load  # noqa: E402  (imports torch)

@@ -12,7 +12,6 @@ import pytest
 
 from app.config import AppArgs
 from app.config.speed_gate import SpeedGateVerdict
-from app.model import ModelFiles
 from app.runtime import open_variant as ov
 from app.runtime import select
 from app.runtime.fallback import Build
@@ -21,6 +20,7 @@ from app.runtime.ort_engine import OrtEngine
 from app.runtime.plan import EngineChoice, RuntimeOptions
 from app.runtime.spec import ModelLoadError
 from app.runtime.variants import fallback_options, runtime_options
+from app.served_model import ModelFiles
 from tests.conftest import local_config
 from tests.test_fallback_unit import cuda_node, fp16_file  # noqa: F401 - fixtures
 

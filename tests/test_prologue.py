@@ -1,4 +1,4 @@
-"""The served graph (app/model/prologue.py) and what an ONNX graph says of itself (app/model/graph.py).
+"""The served graph (app/served_model/prologue.py) and what an ONNX graph says of itself (app/served_model/graph.py).
 
 Small graphs made here with onnx.helper stand for every kind of classifier a user brings: float32 NCHW (a PyTorch
 export), float32 NHWC (a TensorFlow export), float16, uint8 NCHW, uint8 NHWC with its normalisation inside (the
@@ -17,9 +17,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from app.model.declaration import PreprocessDeclaration
-from app.model.graph import GraphError, graph_io_of, read_graph
-from app.model.prologue import PIXELS, normalise, prologue_for, served_model
+from app.served_model.declaration import PreprocessDeclaration
+from app.served_model.graph import GraphError, graph_io_of, read_graph
+from app.served_model.prologue import PIXELS, normalise, prologue_for, served_model
 
 H, W, CLASSES = 6, 5, 4
 ONNX_TYPE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "uint8": TensorProto.UINT8}
@@ -190,7 +190,7 @@ def test_prologue_for_skips_the_arithmetic_that_would_change_nothing() -> None:
     )
 
 
-# --------------------------------------------------------------------------- app/model/graph.py
+# --------------------------------------------------------------------------- app/served_model/graph.py
 
 
 def test_graph_io_reads_layout_size_channels_dtype_and_classes(tmp_path: Path) -> None:

@@ -12,11 +12,11 @@ import pytest
 from onnx import numpy_helper
 
 from app.imaging.preprocess import preprocess
-from app.model import ModelFiles
-from app.model.graph import read_graph
-from app.model.u8s8 import pair_problems
 from app.runtime import OrtEngine, RuntimeOptions, cpu_engine, open_engine
 from app.runtime.select import x86_without_vnni
+from app.served_model import ModelFiles
+from app.served_model.graph import read_graph
+from app.served_model.u8s8 import pair_problems
 from app.toolchain import report as report_module
 from app.toolchain.qdq_placement import placement_problems
 from app.toolchain.quantize import QuantizeOptions, builtin_model, quantize, tensorrt_problems

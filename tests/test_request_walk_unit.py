@@ -29,7 +29,7 @@ LAYERS = [
     ["app.toolchain"],
     ["app.runtime", "app.front"],
     ["app.config"],
-    ["app.model", "app.request"],
+    ["app.served_model", "app.request"],
     ["app.imaging"],
     ["app.errors"],
 ]

@@ -19,7 +19,7 @@ import pytest
 import ray
 from onnx import TensorProto, helper, numpy_helper
 
-from app.model import ModelFiles
+from app.served_model import ModelFiles
 from app.toolchain.samples import sample_bytes
 from tests.conftest import ServeDeployer, deployment, load_config, local_config, wait_until
 

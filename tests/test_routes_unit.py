@@ -21,7 +21,7 @@ from app.http.openapi import Doc, build_openapi
 from app.http.rollout import RolloutAPI
 from app.http.routes import ROUTES, Route, bind, route_table
 from app.http.v1 import V1
-from app.http.v2 import V2
+from app.http.v2_rest import V2
 from app.protocol import v2
 from app.protocol.paths import PathTable, PathTemplate
 from tests.test_ingress_rollout_unit import router

@@ -19,12 +19,12 @@ import pytest
 from app.imaging.opencv import cv2
 from app.imaging.preprocess import preprocess
 from app.imaging.transform import MAX_ASPECT, Transform
-from app.model import BUILTIN_MODEL, builtin_transform, default_files
-from app.model.declaration import ModelDeclaration
-from app.model.model_io import transform_for
-from app.model.prologue import served_model
 from app.runtime import cpu_engine, softmax
 from app.runtime.transform_graph import GraphTransform, transform_graph
+from app.served_model import BUILTIN_MODEL, builtin_transform, default_files
+from app.served_model.declaration import ModelDeclaration
+from app.served_model.model_io import transform_for
+from app.served_model.prologue import served_model
 from app.toolchain.samples import augmented_samples, available_photos, sample_bytes
 
 REPO = Path(__file__).resolve().parent.parent

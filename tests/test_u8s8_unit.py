@@ -1,4 +1,4 @@
-"""app.model.u8s8: INT8 weights that ONNX Runtime's U8S8 kernels cannot overflow (no Ray, tiny graphs).
+"""app.served_model.u8s8: INT8 weights that ONNX Runtime's U8S8 kernels cannot overflow (no Ray, tiny graphs).
 
 The overflow itself needs an x86 CPU without VNNI (this machine and CI's: AMD EPYC, AVX2): there the fused
 kernel of the graph before `limit_pairs` is far from the graph computed as written, and after it the two
@@ -15,8 +15,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from app.model.u8s8 import LANE, MAX_ACTIVATION, PAIR_LIMIT, limit_pairs, pair_problems, pair_sums
 from app.runtime.select import x86_without_vnni
+from app.served_model.u8s8 import LANE, MAX_ACTIVATION, PAIR_LIMIT, limit_pairs, pair_problems, pair_sums
 
 CIN, COUT = 16, 8
 X_SCALE, Y_SCALE = 6 / 255, 0.05

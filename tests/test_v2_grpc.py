@@ -19,7 +19,7 @@ import tritonclient.grpc as triton
 from tritonclient.utils import InferenceServerException
 
 from app.imaging.preprocess import preprocess
-from app.model import builtin_transform
+from app.served_model import builtin_transform
 from app.toolchain.samples import sample_bytes
 from benchmarks import perf_analyzer
 from tests.conftest import PythonProxyApp, ServeDeployer, wait_until

@@ -1,4 +1,4 @@
-"""The Open Inference Protocol's health replies (app/http/v2.py, app/protocol/v2/metadata.py): the bodies KServe's
+"""The Open Inference Protocol's health replies (app/http/v2_rest.py, app/protocol/v2/metadata.py): the bodies KServe's
 clients read (`{"live": true}`, `{"ready": bool}`, `{"name", "ready"}`) and the status tritonclient reads (200, or
 503 when not ready). The handlers and their Starlette replies are the real ones; the variants' readiness is stood in
 for (a replica that is not ready cannot be had on demand without a cluster), and so are the metrics (Ray's). The live
@@ -16,14 +16,14 @@ import pytest
 from app.config import Limits
 from app.errors import ServiceError
 from app.http.replies import Replies
-from app.http.v2 import V2
+from app.http.v2_rest import V2
 from app.protocol import v2
 
 MODEL = "efficientnet_lite0-fp32"
 
 
 class Variants:
-    """Stands in for V2Operations' readiness: the variants named in `down` are not ready; one model is known."""
+    """Stands in for V2DataPlane' readiness: the variants named in `down` are not ready; one model is known."""
 
     def __init__(self, down: list[str]) -> None:
         self.down = down

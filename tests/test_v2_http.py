@@ -12,7 +12,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from app.imaging.preprocess import preprocess
-from app.model import ModelFiles, builtin_transform
+from app.served_model import ModelFiles, builtin_transform
 from app.toolchain.samples import sample_bytes
 from tests.conftest import ServeDeployer, local_config, wait_until
 

@@ -24,7 +24,7 @@ def test_py_spy_stacks_are_shared_out_by_the_innermost_frames_package(tmp_path: 
     raw.write_text(
         "Thread.run (threading.py:982);Ingress.__call__ (app/http/ingress.py:146) 6\n"
         "Thread.run (threading.py:982);call_asgi (ray/serve/_private/replica.py:3309);"
-        "V2.dispatch (app/http/v2.py:56);dumps (ray/serve/_private/serialization.py:9) 3\n"
+        "V2.dispatch (app/http/v2_rest.py:56);dumps (ray/serve/_private/serialization.py:9) 3\n"
         "Thread.run (threading.py:982) 1\n"
     )
     got = by_package(raw)

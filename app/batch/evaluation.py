@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from app.batch.pipeline import Job, scored
 from app.batch.sources import Listed
-from app.model.graph import read_graph
+from app.served_model.graph import read_graph
 from app.toolchain.report import resolve_label
 
 COLUMNS = ["path", "variant", "class_ids", "error_code", "engine", "model_sha256"]

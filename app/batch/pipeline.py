@@ -22,7 +22,7 @@ from app.batch.scoring import SCHEMA, Scorer
 from app.batch.sizing import Pool
 from app.batch.sources import Listed
 from app.config import AppArgs
-from app.model.model_io import transform_of
+from app.served_model.model_io import transform_of
 
 # Paths per input block: one decode task's work (~64 x 150 KB of pixels out for a 224 x 224 model).
 BLOCK_PATHS = 64

@@ -15,10 +15,10 @@ import pyarrow as pa
 import ray
 
 from app.config import AppArgs
-from app.model.model_io import ModelIO
 from app.runtime import Engine, ModelLoadError, threads_for, top_k
 from app.runtime.open_variant import gate_failure, gate_variant, open_variant
 from app.runtime.select import model_sha256
+from app.served_model.model_io import ModelIO
 
 # The Parquet file's columns, in order (docs/batch.md describes each).
 SCHEMA = pa.schema(

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from app.config import read_serve_env, validate_serve_config
-from app.model.check import check_files
+from app.served_model.check import check_files
 
 
 def main(argv: list[str] | None = None) -> int:

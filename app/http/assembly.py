@@ -16,7 +16,6 @@ from app.front import declared
 from app.http.body_reader import BodyReader
 from app.http.docs import Docs
 from app.http.front_report import FrontReport
-from app.http.grpc import GRPC
 from app.http.ingress import Ingress
 from app.http.policy import RouterPolicy
 from app.http.replies import Replies
@@ -24,8 +23,9 @@ from app.http.report import RouterReport
 from app.http.rollout import RolloutAPI
 from app.http.routes import ROUTES, route_table
 from app.http.v1 import V1
-from app.http.v2 import V2
-from app.http.v2_operations import V2Operations
+from app.http.v2_dataplane import V2DataPlane
+from app.http.v2_grpc import GRPC
+from app.http.v2_rest import V2
 from app.imaging.transform import Transform
 from app.pipeline.capture import CaptureStore
 from app.pipeline.ports import Backend
@@ -74,7 +74,7 @@ class RouterApp:
         report = RouterReport(replica, args, self.pipeline, bodies, parsers, self.capture, decoder_state)
         pipeline, policy = self.pipeline, self.policy
         v1 = V1(args, variants, pipeline, policy, bodies, replies, metrics, report, self.front, serve_request_id)
-        ops = V2Operations(args, variants, pipeline, policy, replies, metrics)  # the V2 protocol's, for both
+        ops = V2DataPlane(args, variants, pipeline, policy, replies, metrics)  # the V2 protocol's, for both
         v2 = V2(args, ops, policy, bodies, replies, parsers)
         self.grpc = GRPC(args, ops, metrics)  # the gRPC calls' handler (Serve calls the Router's method of each RPC)
         rollout = RolloutAPI(args.model.name, pipeline, policy, bodies)

@@ -19,7 +19,7 @@ from app.http.front_report import FrontReport
 from app.http.policy import RouterPolicy
 from app.http.replies import Replies
 from app.http.routes import Routes
-from app.http.v2 import V2
+from app.http.v2_rest import V2
 from app.protocol import v2 as proto
 from app.request.guards import check_admin, check_url
 

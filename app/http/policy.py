@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from app.config import RouterConfig
-from app.pipeline.cascade import MarginEvidence
+from app.pipeline.cascade_rule import MarginEvidence
 from app.pipeline.routing import Choice, WeightedSplit, choose_variant
 from app.pipeline.service import Pipeline
 from app.request.guards import MIN_ADMIN_TOKEN_CHARS, admin_token

@@ -20,7 +20,7 @@ from app.http.openapi import ADMIN, BATCH_ERRORS, BODY, CLASSIFY_ERRORS, CONTROL
 from app.http.rollout import RolloutAPI
 from app.http.route import Route
 from app.http.v1 import V1
-from app.http.v2 import V2
+from app.http.v2_rest import V2
 from app.protocol import v1 as s
 from app.protocol import v2 as proto
 from app.protocol.paths import PathTable

@@ -10,8 +10,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from app.model import TARGETS, ModelFiles, default_files
-from app.model.declaration import ModelDeclaration
+from app.served_model import TARGETS, ModelFiles, default_files
+from app.served_model.declaration import ModelDeclaration
 
 
 class CLIError(Exception):
@@ -68,7 +68,7 @@ def declaration(config: Path, app: str | None) -> ModelDeclaration:
 
 def _declared_for(path: Path, model: ModelDeclaration, what: str) -> None:
     """The declaration fits the graph at `path`, or a one-line error naming the field."""
-    from app.model.graph import GraphError, read_graph
+    from app.served_model.graph import GraphError, read_graph
 
     try:
         model.check_against(read_graph(path), model.label_count(), f"{what} {path}")
@@ -166,7 +166,7 @@ def _quantize_int8(args: argparse.Namespace, model: ModelDeclaration, eval_dir: 
     if fit is not None:
         print(
             f"U8S8 pair limit: {fit.rescaled_channels} of {fit.channels} channels in {fit.rescaled_layers} of "
-            f"{fit.layers} layers rescaled so x86 CPUs without VNNI cannot overflow (app/model/u8s8.py)"
+            f"{fit.layers} layers rescaled so x86 CPUs without VNNI cannot overflow (app/served_model/u8s8.py)"
         )
         for skipped in fit.skipped:
             print(f"  left as calibrated (a CPU replica without VNNI runs them on U8U8 kernels): {skipped}")
@@ -317,7 +317,7 @@ def parser() -> argparse.ArgumentParser:
         "--no-pair-limit",
         action="store_true",
         help="cpu target: keep the weights as calibrated, for a fleet of VNNI CPUs only (on AVX2 without "
-        "VNNI, ONNX Runtime's U8S8 kernels then overflow: app/model/u8s8.py)",
+        "VNNI, ONNX Runtime's U8S8 kernels then overflow: app/served_model/u8s8.py)",
     )
     q.add_argument("--no-report", action="store_true", help="skip the report")
     q.set_defaults(func=cmd_quantize)
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
-        from app.model.labels import MissingPackageError
+        from app.served_model.labels import MissingPackageError
 
         if isinstance(e, MissingPackageError | FileNotFoundError):
             print(f"error: {e}", file=sys.stderr)

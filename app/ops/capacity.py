@@ -48,7 +48,7 @@ from app.imaging.gpu_decode import cpu_reason
 from app.imaging.opencv import cv2
 from app.imaging.preprocess import check_header, preprocess
 from app.imaging.transform import Transform
-from app.model.model_io import transform_of
+from app.served_model.model_io import transform_of
 
 DEFAULT_MIX = "640x480:0.7,1080p:0.3"
 NAMED_SIZES = {"480p": (640, 480), "720p": (1280, 720), "1080p": (1920, 1080), "4k": (3840, 2160)}
@@ -422,13 +422,13 @@ def classifier_batch(cfg: dict[str, Any], args: AppArgs, variant: str) -> int:
 def measure_engine(cfg: dict[str, Any], args: AppArgs, variant: str) -> EngineRate:
     """The variant's engine as a replica on this node opens it, measured as the replica measures itself at start."""
     # ONNX Runtime (and OpenVINO) load only when the engine is measured here, not for given figures.
-    from app.model.model_io import model_io
     from app.runtime import Build, ModelLoadError, PlanError, open_engine
     from app.runtime.ort_engine import usable_providers
     from app.runtime.plan import CUDA, TENSORRT
     from app.runtime.prebuild import replica_threads_streams, served_path
     from app.runtime.startup import start_report
     from app.runtime.variants import fallback_options, runtime_options
+    from app.served_model.model_io import model_io
 
     gpu = bool({CUDA, TENSORRT} & set(usable_providers()))
     threads, streams = replica_threads_streams(cfg, args, variant)

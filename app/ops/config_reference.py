@@ -30,7 +30,8 @@ ROOTS: list[tuple[str, str, type[BaseModel]]] = [
 ]
 HEAD = """# Configuration reference
 
-Generated from the typed config (`app/config/`, `app/model/declaration.py`) by `python -m app.ops.config_reference`;
+Generated from the typed config (`app/config/`, `app/served_model/declaration.py`) by
+`python -m app.ops.config_reference`;
 `make lint` fails when this page and the models differ. Unknown keys are refused everywhere. How the pieces fit,
 and `configs/serve.env`: [configuration.md](configuration.md).
 """

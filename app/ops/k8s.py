@@ -33,7 +33,7 @@ import yaml
 
 from app.config import parse_serve_env
 from app.front import config_env
-from app.model import ModelFiles
+from app.served_model import ModelFiles
 
 TEMPLATE = Path("k8s/templates/rayservice.yaml.in")
 RAYSERVICE = Path("k8s/rayservice.yaml")

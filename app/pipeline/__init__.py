@@ -13,7 +13,8 @@ come in as a `Backend` (ports.py), so the whole pipeline runs in unit tests with
     outcome.py    one request's answer: per image its top-k or its error, and the timings
     service.py    classify(...) -> Outcome: the above put together
     routing.py    the variant a request goes to: override header > sticky hash > weighted draw
-    cascade.py, cascading.py   INT8 first, FP32 when the margin is thin; its evidence
+    cascade_rule.py  a cascade's rule (INT8 first, FP32 when the margin is thin) and its threshold's fit
+    cascade_stage.py  each cascade's live state and its second stage
     capture.py    the cascade's disagreements kept for recalibration
     abstats.py, inferstats.py, intervals.py   the A/B ledger's and Triton's per-model statistics
 """

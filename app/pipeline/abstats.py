@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.pipeline.cascade import MarginEvidence
+from app.pipeline.cascade_rule import MarginEvidence
 from app.pipeline.inferstats import ModelStatsTable
 from app.pipeline.intervals import wilson_interval
 
@@ -95,7 +95,7 @@ class ABStats:
     pairs: dict[str, PairStats] = field(default_factory=dict)  # key "a|b", names sorted
     # Triton's per-model statistics ride along to the ledger (app/pipeline/inferstats.py); not part of `summary`.
     models: ModelStatsTable = field(default_factory=ModelStatsTable)
-    # A cascade's evidence (app/pipeline/cascade.py): "first>then" -> first's margin against agreement with then.
+    # A cascade's evidence (app/pipeline/cascade_rule.py): "first>then" -> first's margin against agreement with then.
     margins: dict[str, MarginEvidence] = field(default_factory=dict)
 
     def record_request(self, variant: str, latency_ms: float, ok: bool) -> None:

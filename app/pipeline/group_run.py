@@ -16,7 +16,7 @@ from app.config import RouterConfig
 from app.errors import ServiceError
 from app.imaging.payloads import Pixels, Scores
 from app.pipeline.attempts import Classify, DecodeAndClassify
-from app.pipeline.cascading import Cascader, Cascades, CascadeState, Escalation
+from app.pipeline.cascade_stage import Cascader, Cascades, CascadeState, Escalation
 from app.pipeline.coalescer import Waiter
 from app.pipeline.failover import Attempt, Failover
 from app.pipeline.model_specs import ModelSpecs

@@ -8,7 +8,7 @@ from typing import Any
 
 from app.errors import ServiceError
 from app.imaging.transform import Transform
-from app.pipeline.cascading import Cascades
+from app.pipeline.cascade_stage import Cascades
 from app.pipeline.failover import Failover
 from app.pipeline.ports import Backend, Call, ReplicaLost
 

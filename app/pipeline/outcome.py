@@ -9,8 +9,8 @@ import numpy as np
 
 from app.errors import ServiceError
 from app.imaging.payloads import Scores
-from app.pipeline.cascade import escalate
-from app.pipeline.cascading import Escalation
+from app.pipeline.cascade_rule import escalate
+from app.pipeline.cascade_stage import Escalation
 from app.pipeline.routing import Choice
 
 Top = list[tuple[int, float]]  # (class_id, probability), best first

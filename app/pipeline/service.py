@@ -20,7 +20,7 @@ from app.errors import ServiceError
 from app.imaging.payloads import Pixels
 from app.imaging.transform import Transform
 from app.pipeline.admission import Admission, Limits
-from app.pipeline.cascading import Capture, Cascader, Cascades
+from app.pipeline.cascade_stage import Capture, Cascader, Cascades
 from app.pipeline.coalescer import Coalescer
 from app.pipeline.failover import Failover
 from app.pipeline.group_run import Ask, GroupRun, Key

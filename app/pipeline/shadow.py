@@ -16,8 +16,8 @@ from typing import Any
 
 from app.imaging.payloads import Scores
 from app.pipeline.abstats import ABStats, compare_top
-from app.pipeline.cascade import escalate, margin
-from app.pipeline.cascading import Cascader, Cascades, CascadeState, Escalation, Source, Top
+from app.pipeline.cascade_rule import escalate, margin
+from app.pipeline.cascade_stage import Cascader, Cascades, CascadeState, Escalation, Source, Top
 from app.pipeline.coalescer import detached_task
 from app.pipeline.ports import Backend, Call, ShadowMetrics
 

@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from app.config import Limits
 from app.config.speed_gate import SpeedGateVerdict
 from app.errors import STATUS
-from app.model.declaration import ModelDeclaration
 from app.rollout.spec import RolloutSpec
+from app.served_model.declaration import ModelDeclaration
 
 
 class _Body(BaseModel):
@@ -351,7 +351,7 @@ class NormalisationInfo(_Body):
 
 
 class PrologueInfo(_Body):
-    """The ops folded in front of the graph at load (app/model/prologue.py): y = x * scale - shift."""
+    """The ops folded in front of the graph at load (app/served_model/prologue.py): y = x * scale - shift."""
 
     steps: list[str]
     scale: list[float] | None

@@ -14,7 +14,7 @@ startup.py          a replica's start: the engine opened, warmed up, measured, g
 profiling.py        ONNX Runtime's profile of a run, summarised
 spec.py             the model's I/O as an engine sees it
 transform_graph.py  the model's declared transform as an ONNX graph (for images decoded on the GPU)
-(softmax and top-k: app/model/outputs.py, re-exported here; TensorRT engines built ahead of a rollout:
+(softmax and top-k: app/served_model/outputs.py, re-exported here; TensorRT engines built ahead of a rollout:
 app/runtime/prebuild.py, `python -m app.runtime build-engines`)
 """
 
@@ -24,7 +24,6 @@ import dataclasses
 import math
 import os
 
-from app.model.outputs import softmax, top_k
 from app.runtime.fallback import Build, Serving
 from app.runtime.measure import SpeedGate, Throughput, judge, measure_alternating
 from app.runtime.ort_engine import OrtEngine, usable_providers
@@ -43,6 +42,7 @@ from app.runtime.plan import (
 from app.runtime.profiling import summarize_profile
 from app.runtime.select import Engine, Opened, open_engine
 from app.runtime.spec import ModelLoadError, ModelSpec
+from app.served_model.outputs import softmax, top_k
 
 __all__ = [
     "CPU",

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 from app.config import AppArgs
 from app.config.speed_gate import SpeedGateVerdict
-from app.model.model_io import ModelIO, model_io
-from app.model.prologue import served_model
 from app.runtime.fallback import Build
 from app.runtime.plan import RuntimeOptions
 from app.runtime.select import Engine, Opened, open_engine
 from app.runtime.spec import ModelLoadError
 from app.runtime.startup import run_speed_gate
 from app.runtime.variants import fallback_options, runtime_options, speed_gate_for
+from app.served_model.model_io import ModelIO, model_io
+from app.served_model.prologue import served_model
 
 
 @dataclass(frozen=True)

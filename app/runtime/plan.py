@@ -296,7 +296,7 @@ def plan_engines(
 
     `tensorrt` carries the TensorRT options (they need the model's input name and a cache path the
     caller knows); without it the TensorRT EP is not considered. `u8s8_overflow`: this CPU lacks VNNI and
-    the model's int8 weights (whatever its declared precision) can overflow its U8S8 kernels (app.model.u8s8);
+    the model's int8 weights (whatever its declared precision) can overflow its U8S8 kernels (app.served_model.u8s8);
     a CPU plan then takes ORT's U8U8 kernels alone, and says so in its note. A GPU plan ignores it.
     """
     if opts.engine not in ENGINES:

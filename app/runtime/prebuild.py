@@ -57,7 +57,7 @@ def _deployment(cfg: dict[str, Any], name: str) -> dict[str, Any]:
 def served_path(args: AppArgs, variant: str) -> str:
     """The file a replica of `variant` loads (its served copy when the model needs a prologue); the declared
     file when it is not on this machine (a dry run elsewhere)."""
-    from app.model.model_io import model_io
+    from app.served_model.model_io import model_io
 
     path = args.resolved_path(args.variants[variant].model_path)
     if not path.is_file():

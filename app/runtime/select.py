@@ -174,7 +174,7 @@ def u8s8_overflows_here(path: str) -> bool:
     # environment with ONNX Runtime but without the onnx package.
     import onnx
 
-    from app.model.u8s8 import pair_problems
+    from app.served_model.u8s8 import pair_problems
 
     try:
         problems = pair_problems(onnx.load(path))  # external data too, beside the model

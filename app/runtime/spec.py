@@ -48,7 +48,7 @@ def spec_from_io(inputs: Sequence[tuple[str, tuple[Any, ...], str]], outputs: Se
     shape = tuple(d if isinstance(d, int) else None for d in raw_shape)
     if len(shape) != 4:
         raise ModelLoadError(f"input {name!r} has shape {list(raw_shape)}; an image batch needs 4 dimensions")
-    if shape[1] in (1, 3) and shape[3] not in (1, 3):  # the rule of app.model.graph, which reads the file
+    if shape[1] in (1, 3) and shape[3] not in (1, 3):  # the rule of app.served_model.graph, which reads the file
         layout, (c, h, w) = "NCHW", shape[1:]
     else:
         layout, (h, w, c) = "NHWC", shape[1:]

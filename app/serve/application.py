@@ -10,13 +10,13 @@ import logging
 from ray.serve import Application
 
 from app.config import AppArgs, classifier_deployment_name
-from app.model import ModelFiles
-from app.model.check import check_files
-from app.model.declaration import ModelDeclaration
-from app.model.model_io import transform_of
 from app.serve.classifier import Classifier
 from app.serve.deployments import ABLedger, RolloutController, Router
 from app.serve.preprocessor import Preprocessor
+from app.served_model import ModelFiles
+from app.served_model.check import check_files
+from app.served_model.declaration import ModelDeclaration
+from app.served_model.model_io import transform_of
 
 logger = logging.getLogger("ray.serve")
 

@@ -29,7 +29,6 @@ from app.errors import ServiceError
 from app.imaging.decode_budget import slots_for
 from app.imaging.payloads import Encoded, Pixels
 from app.imaging.transform import Transform
-from app.model.model_io import ModelIO
 from app.runtime import Engine
 from app.runtime.cuda_transform import DECODER_ENV, decoder_factory, open_gpu_pixels
 from app.runtime.device_batch import DeviceBatch, DevicePool
@@ -37,6 +36,7 @@ from app.runtime.gpu_pixels import DeviceRows, GpuPixels
 from app.runtime.graphs import context_broken
 from app.serve.device_mode import DeviceModeOff, OnDevice, check_device_mode, open_device_batches
 from app.serve.metrics import ClassifierMetrics
+from app.served_model.model_io import ModelIO
 
 logger = logging.getLogger("ray.serve")
 

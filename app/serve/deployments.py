@@ -26,7 +26,7 @@ from starlette.responses import Response
 
 from app.config import AppArgs, RouterConfig
 from app.http.assembly import RouterApp
-from app.http.grpc import RPCS
+from app.http.v2_grpc import RPCS
 from app.imaging.transform import Transform
 from app.pipeline.abstats import ABStats
 from app.pipeline.inferstats import ModelStatsTable
@@ -70,7 +70,7 @@ class ABLedger:
 
     def margins(self) -> dict[str, dict[str, list[int]]]:
         """The cascades' evidence, merged over every Router ("first>then" -> counts by margin): each Router fits
-        its `margin: auto` thresholds from it (app/pipeline/cascading.py)."""
+        its `margin: auto` thresholds from it (app/pipeline/cascade_stage.py)."""
         return {k: m.to_dict() for k, m in self.stats.margins.items()}
 
     def reset(self) -> dict[str, Any]:

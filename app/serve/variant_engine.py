@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 
 from app.config import AppArgs, ClassifierConfig
-from app.model.model_io import ModelIO, check_transform, model_io
 from app.runtime import CUDA, TENSORRT, Engine, ModelLoadError, Opened, threads_for
 from app.runtime.open_variant import gate_failure, gate_variant, open_variant
 from app.runtime.startup import StartupReport, start_report
 from app.serve.device_mode import OnDevice, engine_logits, host_pixels
 from app.serve.metrics import ClassifierMetrics
 from app.serve.profiling_twin import ProfilingTwin
+from app.served_model.model_io import ModelIO, check_transform, model_io
 
 logger = logging.getLogger("ray.serve")
 

@@ -12,5 +12,5 @@ Its command line is `python -m app.models` (app/models/cli.py):
     python -m app.models quantize ... --target fp16       # FP16 for the CUDA EP on a GPU without TensorRT
     python -m app.models report --model FP32.onnx --int8 BUILD.onnx --config CONFIG.yaml   # --build: the same flag
 
-What the service itself needs of a model at serving time is app/model/.
+What the service itself needs of a model at serving time is app/served_model/.
 """

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import onnx
 
-from app.model import ModelFiles, atomic_write
-from app.model.labels import imagenet_labels, package_file
+from app.served_model import ModelFiles, atomic_write
+from app.served_model.labels import imagenet_labels, package_file
 from app.toolchain.efficientnet import LITE1, Input, build_model
 from app.toolchain.weights import load_legacy_state_dict
 

@@ -54,7 +54,7 @@ def sample_directory(root: Path, n: int, seed: int = 0) -> list[LabelledImage]:
 
 class ImageCalibrationReader(CalibrationDataReader):
     """Feeds quantize_static the graph's own input in batches: `prepare` turns encoded images into it, as served
-    (app.model.model_io.Preparation); by default the server's `preprocess`, squashed to `size`, uint8 NHWC."""
+    (app.served_model.model_io.Preparation); by default the server's `preprocess`, squashed to `size`, uint8 NHWC."""
 
     def __init__(
         self,

@@ -3,7 +3,7 @@
 ONNX Runtime's CUDA EP has FP16 kernels and no INT8 ones (app/runtime/plan.py), so on such a node an FP16 copy of
 the FP32 model is the fast build. It is converted by onnxruntime.transformers.float16 with the graph's IO types
 kept: the image still goes in as the graph declares it (uint8, or float32 behind the served prologue,
-app/model/prologue.py) and the scores come out float32, so nothing outside the file changes.
+app/served_model/prologue.py) and the scores come out float32, so nothing outside the file changes.
 
 What stays FP32 (the converter inserts Casts around it): float16.DEFAULT_OP_BLOCK_LIST (ops without FP16 kernels
 or whose float inputs are indices and ranges), plus FP32_OPS below, the ops whose FP16 results overflow 65504 or
@@ -30,8 +30,8 @@ import onnx
 from onnx import TensorProto, numpy_helper
 from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
-from app.model import atomic_write
-from app.model.graph import graph_io_of
+from app.served_model import atomic_write
+from app.served_model.graph import graph_io_of
 
 # Beyond the converter's own block list: ops whose FP16 result overflows (exp(x) past x = 11.1, x**2 past 256,
 # 1/x below 1.5e-5, a sum of many terms) or loses its range (log of what FP16 rounds to 0). Softmax and LogSoftmax

@@ -2,7 +2,7 @@
 
 cpu       QUInt8 activations (asymmetric): ONNX Runtime's CPU kernels; Clip/Relu fold into the ranges. The
           weights are then rescaled so that those kernels cannot overflow on x86 without VNNI
-          (app.model.u8s8; off with pair_limit=False).
+          (app.served_model.u8s8; off with pair_limit=False).
 tensorrt  QInt8 activations, symmetric (zero point 0), as TensorRT's explicit quantization requires: FP32
           biases (TensorRT quantizes them itself; an int32 bias DequantizeLinear is not accepted), one Q/DQ
           pair per consumer (TensorRT cannot share a pair between nodes), Q/DQ only in front of the layers
@@ -29,11 +29,11 @@ from onnx import numpy_helper
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from app.model import BUILTIN_MODEL, Int8Target, atomic_write
-from app.model.declaration import ModelDeclaration
-from app.model.graph import read_graph
-from app.model.model_io import Preparation
-from app.model.u8s8 import PairFit, limit_pairs
+from app.served_model import BUILTIN_MODEL, Int8Target, atomic_write
+from app.served_model.declaration import ModelDeclaration
+from app.served_model.graph import read_graph
+from app.served_model.model_io import Preparation
+from app.served_model.u8s8 import PairFit, limit_pairs
 from app.toolchain.calibration import ImageCalibrationReader
 from app.toolchain.qdq_placement import float_conv_branches, placement_problems
 
@@ -86,7 +86,7 @@ class QuantizeOptions:
     exclude_nodes: Sequence[str] = ()
     per_channel: bool = True
     target: Int8Target = "cpu"  # FP16 is no quantization: app.toolchain.fp16
-    pair_limit: bool = True  # cpu target: weights the U8S8 kernels cannot overflow (app.model.u8s8)
+    pair_limit: bool = True  # cpu target: weights the U8S8 kernels cannot overflow (app.served_model.u8s8)
 
 
 def default_opset(model_path: Path) -> int:
@@ -147,8 +147,8 @@ def quantize(
     model: ModelDeclaration | None = None,
 ) -> PairFit | None:
     """Write the INT8 build of `fp32`, calibrated on `calibration` prepared exactly as `model` declares and serves
-    (app.model.model_io.Preparation; default: the built-in model's declaration). For the cpu target with `pair_limit`,
-    say what the U8S8 pair limit rescaled."""
+    (model_io.Preparation; default: the built-in model's declaration). For the cpu target with `pair_limit`, say what
+    the U8S8 pair limit rescaled."""
     if opts.method not in METHODS:
         raise ValueError(f"calibration method {opts.method!r} is not one of {sorted(METHODS)}")
     if opts.target not in PROFILES:

@@ -1,6 +1,6 @@
 """What a build of the FP32 model (INT8 or FP16) costs in accuracy and buys in speed, measured on this machine.
 
-One report per build, for any model, served as its declaration says (app/model/declaration.py). A cpu build
+One report per build, for any model, served as its declaration says (app/served_model/declaration.py). A cpu build
 is judged through ONNX Runtime's fused CPU kernels (what serves it) and timed against FP32; a TensorRT build
 (symmetric S8S8, app.toolchain.quantize target tensorrt) is judged with Q/DQ computed as written, which is
 TensorRT's arithmetic; its speed belongs to TensorRT on a GPU, not here. An FP16 build (app.toolchain.fp16) is judged
@@ -27,15 +27,15 @@ from typing import Any
 import numpy as np
 import onnx
 
-from app.model import Target
-from app.model.declaration import ModelDeclaration
-from app.model.graph import read_graph
-from app.model.model_io import Preparation
-from app.model.outputs import probabilities
-from app.model.prologue import served_model
-from app.model.u8s8 import pair_problems
 from app.runtime import CPU, CUDA, OrtEngine, RuntimeOptions, cpu_engine, onnxruntime_engine, usable_providers
 from app.runtime.plan import cpu_choice
+from app.served_model import Target
+from app.served_model.declaration import ModelDeclaration
+from app.served_model.graph import read_graph
+from app.served_model.model_io import Preparation
+from app.served_model.outputs import probabilities
+from app.served_model.prologue import served_model
+from app.served_model.u8s8 import pair_problems
 from app.toolchain.calibration import sample_directory
 from app.toolchain.fp16 import clamped, float32_ops
 from app.toolchain.samples import EVAL_PHOTOS, available_photos, sample_bytes

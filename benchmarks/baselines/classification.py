@@ -1,5 +1,5 @@
 """What the classifying peers share: the models, and the app's own request reading (app.http.reading with the
-default app.config.Limits) and top-k (app.model.outputs), so every server in a comparison answers a request
+default app.config.Limits) and top-k (app.served_model.outputs), so every server in a comparison answers a request
 the same way. Replies: {"variant", "model", "predictions", "timings_ms"}, {"results": [...]} for a batch (a bad
 image fails alone); errors: {"error": {"code", "message"}} with app.errors' status.
 """
@@ -19,8 +19,8 @@ from app.config import Limits
 from app.errors import ServiceError
 from app.http import reading
 from app.imaging.preprocess import preprocess
-from app.model import MODEL_NAME, ModelFiles, builtin_transform, default_files, outputs
 from app.runtime import onnxruntime_engine
+from app.served_model import MODEL_NAME, ModelFiles, builtin_transform, default_files, outputs
 from benchmarks.device import runtime_options
 
 LIMITS = Limits()

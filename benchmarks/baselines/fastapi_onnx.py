@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from app.errors import ServiceError
-from app.model import ModelFiles
+from app.served_model import ModelFiles
 from benchmarks.baselines import classification as cls
 
 

@@ -32,7 +32,7 @@ from litserve.specs.base import LitSpec
 from litserve.utils import LitAPIStatus, ResponseBufferItem, WorkerSetupStatus
 
 from app.errors import ServiceError
-from app.model import MODEL_NAME, default_files
+from app.served_model import MODEL_NAME, default_files
 from benchmarks.baselines import classification as cls
 
 VARIANTS, CORES = ("fp32", "int8"), os.cpu_count() or 1

@@ -1,9 +1,9 @@
 """NVIDIA Triton Inference Server as a benchmark peer, through PyTriton (nvidia-pytriton 0.7.0, which ships the real
 `tritonserver` binary and its Python backend). Only the serving path differs from the app: the same FP32 model file
-(app.model.default_files().fp32), the same decode (app.imaging.preprocess.preprocess with the built-in model's declared
-transform, app.model.builtin_transform: OpenCV, shorter side to 256, centre 224, bicubic, uint8 RGB NHWC), the
-same engine (app.runtime.onnxruntime_engine: ONNX Runtime's CPU EP, one intra-op thread per instance) and the same
-softmax (app.model.outputs).
+(app.served_model.default_files().fp32), the same decode (app.imaging.preprocess.preprocess with the built-in model's
+declared transform, app.served_model.builtin_transform: OpenCV, shorter side to 256, centre 224, bicubic, uint8 RGB
+NHWC), the same engine (app.runtime.onnxruntime_engine: ONNX Runtime's CPU EP, one intra-op thread per instance) and
+the same softmax (app.served_model.outputs).
 
 Open Inference Protocol only (no /v1): model `efficientnet_lite0` (--model-name), input `image_bytes` BYTES (one
 encoded image per element, binary extension or JSON), output `top_k` FP32 [N, 1000] probabilities, which Triton's
@@ -84,8 +84,8 @@ def serve(port: int, model_name: str, instances: int, max_batch_size: int, queue
     from pytriton.triton import Triton, TritonConfig
 
     from app.imaging.preprocess import preprocess
-    from app.model import builtin_transform, default_files, outputs
     from app.runtime import RuntimeOptions, onnxruntime_engine
+    from app.served_model import builtin_transform, default_files, outputs
 
     files = default_files()
     labels = files.labels.read_bytes()

@@ -8,7 +8,7 @@ preprocessing is the model's own evaluation transform: serving it with another o
     y = (x * scale - mean) / std     per channel, x the uint8 pixel in the graph's channel order
 
 The geometry (decode, resize, crop, channel order) runs in the Preprocessor (app/imaging/transform.py); the
-arithmetic, the layout and the dtype are folded into a copy of the graph at load (app/model/prologue.py).
+arithmetic, the layout and the dtype are folded into a copy of the graph at load (app/served_model/prologue.py).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from app.model.graph import GraphIO
-from app.model.labels import imagenet_labels
+from app.served_model.graph import GraphIO
+from app.served_model.labels import imagenet_labels
 
 
 class _Strict(BaseModel):

@@ -13,10 +13,10 @@ import numpy as np
 from app.errors import ServiceError
 from app.imaging.preprocess import preprocess
 from app.imaging.transform import Transform
-from app.model.declaration import ModelDeclaration
-from app.model.graph import GraphError, GraphIO, read_graph
-from app.model.outputs import probabilities
-from app.model.prologue import ServedModel, normalise, served_model
+from app.served_model.declaration import ModelDeclaration
+from app.served_model.graph import GraphError, GraphIO, read_graph
+from app.served_model.outputs import probabilities
+from app.served_model.prologue import ServedModel, normalise, served_model
 
 
 def transform_for(model: ModelDeclaration, graph: GraphIO) -> Transform:
@@ -27,7 +27,7 @@ def transform_for(model: ModelDeclaration, graph: GraphIO) -> Transform:
 
 def transform_of(model: ModelDeclaration, files: Sequence[tuple[str, Path]]) -> Transform | None:
     """The model's transform from the first of `files` (field, path) on this machine; None where none is. One for every
-    variant: the variants of a model take the same input (app/model/check.py)."""
+    variant: the variants of a model take the same input (app/served_model/check.py)."""
     for _, path in files:
         if path.is_file():
             return transform_for(model, read_graph(path))

@@ -21,13 +21,13 @@ from app.http import reading
 from app.http.policy import RouterPolicy
 from app.http.replies import Replies
 from app.imaging.payloads import Pixels
-from app.model.outputs import probabilities as as_probabilities
-from app.pipeline.cascade import escalate
+from app.pipeline.cascade_rule import escalate
 from app.pipeline.outcome import Outcome, ms
 from app.pipeline.routing import Choice
 from app.pipeline.service import Pipeline
 from app.protocol import v2
 from app.protocol.v2 import triton_config
+from app.served_model.outputs import probabilities as as_probabilities
 
 if TYPE_CHECKING:
     from app.http.ports import Metrics
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 Outputs = dict[str, np.ndarray]
 
 
-class V2Operations:
+class V2DataPlane:
     def __init__(
         self,
         args: AppArgs,

@@ -23,7 +23,7 @@ from starlette.datastructures import Headers
 from app import __version__
 from app.config import AppArgs
 from app.errors import ServiceError
-from app.http.v2_operations import V2Operations
+from app.http.v2_dataplane import V2DataPlane
 from app.protocol import v2
 from app.protocol.v2 import grpc as v2_grpc
 from app.protocol.v2.pb import grpc_service_pb2 as pb
@@ -42,7 +42,7 @@ def metadata_headers(context: Any) -> Headers:
 
 
 class GRPC:
-    def __init__(self, args: AppArgs, ops: V2Operations, metrics: Metrics) -> None:
+    def __init__(self, args: AppArgs, ops: V2DataPlane, metrics: Metrics) -> None:
         self.limits = args.limits
         self.ops = ops
         self.metrics = metrics

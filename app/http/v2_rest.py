@@ -19,7 +19,7 @@ from app.http.body_reader import BodyReader
 from app.http.policy import RouterPolicy
 from app.http.replies import Replies, json_response
 from app.http.route import Route
-from app.http.v2_operations import V2Operations
+from app.http.v2_dataplane import V2DataPlane
 from app.protocol import v2
 from app.protocol.v2.parse_pool import parse_request
 from app.request.body import check_encoding
@@ -37,7 +37,7 @@ class V2:
     def __init__(
         self,
         args: AppArgs,
-        ops: V2Operations,
+        ops: V2DataPlane,
         policy: RouterPolicy,
         bodies: BodyReader,
         replies: Replies,

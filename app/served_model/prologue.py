@@ -34,9 +34,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from app.model import atomic_write
-from app.model.declaration import PreprocessDeclaration
-from app.model.graph import GraphIO, graph_io_of
+from app.served_model import atomic_write
+from app.served_model.declaration import PreprocessDeclaration
+from app.served_model.graph import GraphIO, graph_io_of
 
 PIXELS = "pixels"  # the served graph's input
 # protobuf's own limit on one message; a larger model keeps its weights in an external data file.

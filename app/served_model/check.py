@@ -1,14 +1,14 @@
 """The model's declaration against the graphs of the files that serve it, and the files against each other:
 `check_files`, at deploy (`build_app`) and in `python -m app.config`. (A Classifier checks the declaration against its
-own file as it loads it: app/model/model_io.py.)"""
+own file as it loads it: app/served_model/model_io.py.)"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.model.declaration import ModelDeclaration
-from app.model.graph import GraphError, GraphIO, read_graph
+from app.served_model.declaration import ModelDeclaration
+from app.served_model.graph import GraphError, GraphIO, read_graph
 
 
 def check_files(model: ModelDeclaration, files: Sequence[tuple[str, Path]]) -> list[Path]:
