@@ -32,11 +32,12 @@ CONFIG = {"weights": {"fp32": 1, "int8": 1}}
 
 def ingress(table: tuple[Route, ...]) -> Ingress:
     """The Router's Ingress as app/http/assembly.py assembles it, dispatching on `table` (its parts on fakes)."""
-    ing = router(VARIANTS, CONFIG).ingress
+    app = router(VARIANTS, CONFIG)
+    ing = app.ingress
     parts = {type(r.handler.__self__): r.handler.__self__ for r in ing.routes.table}
-    docs = Docs(ing.limits, VARIANTS, ing.policy, table)
+    docs = Docs(app.ctx, table)
     routes = route_table(parts[V1], ing.v2, parts[RolloutAPI], docs, table)
-    return Ingress(routes, ing.v2, ing.replies, ing.policy, ing.front, ing.limits)
+    return Ingress(app.ctx, routes, ing.v2, ing.front)
 
 
 def call(ing: Ingress, method: str, path: str) -> tuple[int, Any, str | None]:

@@ -44,8 +44,8 @@ class Metrics:
 
 def handlers(down: list[str]) -> tuple[V2, Metrics]:
     metrics = Metrics()
-    args: Any = SimpleNamespace(limits=Limits())
-    return V2(args, Variants(down), None, None, Replies(metrics), None), metrics  # type: ignore[arg-type]
+    ctx: Any = SimpleNamespace(limits=Limits(), policy=None, bodies=None, replies=Replies(metrics))  # type: ignore[arg-type]
+    return V2(ctx, Variants(down), None), metrics  # type: ignore[arg-type]
 
 
 def answer(call: Any) -> tuple[int, dict[str, Any], Any]:

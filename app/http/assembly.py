@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from app.config import AppArgs, RouterConfig
 from app.front import declared
 from app.http.body_reader import BodyReader
+from app.http.context import RouterContext
 from app.http.docs import Docs
 from app.http.front_report import FrontReport
 from app.http.ingress import Ingress
@@ -68,19 +69,17 @@ class RouterApp:
         )
         self.policy = RouterPolicy(self.pipeline, variants, list(args.cascades), metrics, rng)
         self.front = FrontReport(declared(args.front))  # which admission fronts this Router's requests came through
-        replies = Replies(metrics)
-        parsers = ParsePool()  # large V2 JSON is parsed in a child process (CPython's json holds the GIL)
         bodies = BodyReader(args.limits, lambda: self.policy.config, metrics, self.pipeline.admission.client_gone)
+        self.ctx = ctx = RouterContext(args, variants, self.pipeline, self.policy, bodies, Replies(metrics), metrics)
+        parsers = ParsePool()  # large V2 JSON is parsed in a child process (CPython's json holds the GIL)
         report = RouterReport(replica, args, self.pipeline, bodies, parsers, self.capture, decoder_state)
-        pipeline, policy = self.pipeline, self.policy
-        v1 = V1(args, variants, pipeline, policy, bodies, replies, metrics, report, self.front, serve_request_id)
-        ops = V2DataPlane(args, variants, pipeline, policy, replies, metrics)  # the V2 protocol's, for both
-        v2 = V2(args, ops, policy, bodies, replies, parsers)
-        self.grpc = GRPC(args, ops, metrics)  # the gRPC calls' handler (Serve calls the Router's method of each RPC)
-        rollout = RolloutAPI(args.model.name, pipeline, policy, bodies)
-        docs = Docs(args.limits, variants, self.policy, ROUTES)  # documents the table the Ingress dispatches on
-        routes = route_table(v1, v2, rollout, docs, ROUTES)
-        self.ingress = Ingress(routes, v2, replies, self.policy, self.front, args.limits)  # the HTTP requests
+        v1 = V1(ctx, report, self.front, serve_request_id)
+        ops = V2DataPlane(ctx)  # the V2 protocol's operations, for REST and gRPC
+        v2 = V2(ctx, ops, parsers)
+        self.grpc = GRPC(ctx, ops)  # the gRPC calls' handler (Serve calls the Router's method of each RPC)
+        docs = Docs(ctx, ROUTES)  # documents the table the Ingress dispatches on
+        routes = route_table(v1, v2, RolloutAPI(ctx), docs, ROUTES)
+        self.ingress = Ingress(ctx, routes, v2, self.front)  # the HTTP requests
 
     def configure(self, cfg: RouterConfig) -> None:
         """A user_config, at deploy time or live."""

@@ -15,10 +15,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.config import Limits
 from app.errors import ServiceError
+from app.http.context import RouterContext
 from app.http.openapi import Documented, build_openapi
-from app.http.policy import RouterPolicy
 
 ASSETS_AT = "/docs/assets/"
 JS, CSS = "text/javascript; charset=utf-8", "text/css; charset=utf-8"
@@ -79,12 +78,9 @@ def asset_media() -> dict[str, str]:
 class Docs:
     """GET /openapi.json, GET /docs and the page's assets."""
 
-    def __init__(self, limits: Limits, variants: list[str], policy: RouterPolicy, routes: Sequence[Documented]) -> None:
-        """policy: the header names in the document are the live config's; routes: the route table it documents
-        (app/http/routes.py ROUTES, as the Router dispatches on it)."""
-        self.limits = limits
-        self.variants = variants
-        self.policy = policy
+    def __init__(self, ctx: RouterContext, routes: Sequence[Documented]) -> None:
+        """routes: the table the Ingress dispatches on, which the document describes."""
+        self.limits, self.variants, self.policy = ctx.limits, ctx.variants, ctx.policy
         self.routes = routes
         self._spec: tuple[tuple[Any, ...], bytes] | None = None
 

@@ -13,11 +13,9 @@ import logging
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.config import Limits
 from app.errors import ServiceError
+from app.http.context import RouterContext
 from app.http.front_report import FrontReport
-from app.http.policy import RouterPolicy
-from app.http.replies import Replies
 from app.http.routes import Routes
 from app.http.v2_rest import V2
 from app.protocol import v2 as proto
@@ -27,21 +25,13 @@ logger = logging.getLogger("ray.serve")
 
 
 class Ingress:
-    def __init__(
-        self,
-        routes: Routes,
-        v2: V2,
-        replies: Replies,
-        policy: RouterPolicy,
-        front: FrontReport,
-        limits: Limits,
-    ) -> None:
+    def __init__(self, ctx: RouterContext, routes: Routes, v2: V2, front: FrontReport) -> None:
+        """routes: the bound table; v2: the /v2 dispatch; front: the admission fronts this Router's requests came
+        through."""
+        self.replies, self.policy, self.limits = ctx.replies, ctx.policy, ctx.limits
         self.routes = routes
         self.v2 = v2
-        self.replies = replies
-        self.policy = policy
         self.front = front
-        self.limits = limits
 
     async def __call__(self, request: Request) -> Response:
         self.front.saw(request.headers.get("x-app-front"))

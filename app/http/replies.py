@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse, Response
 
 from app.errors import ServiceError
 from app.protocol import v2
+
+logger = logging.getLogger("ray.serve")
 
 if TYPE_CHECKING:  # a type only (app/serve/metrics.py): the metrics are handed in by app/http/assembly.py
     from app.http.ports import Metrics
@@ -22,6 +25,20 @@ def model_response(body: BaseModel, status: int = 200, headers: dict[str, str] |
     """A reply built from its typed model (app/protocol/v1.py): fields left at their default (a `failover` that
     did not happen, a `cascade` that did not answer) are left out, as the schema documents."""
     return Response(body.model_dump_json(exclude_defaults=True), status, headers, media_type="application/json")
+
+
+def state_response(schema: type[BaseModel], body: dict[str, Any]) -> Response:
+    """A state reply (/v1/models, /v1/ab/*) built through the schema /openapi.json documents it with: the body
+    validated into it and written with exactly the fields it was given. A body the schema refuses is a drift between
+    the two: logged as an error naming it, and the body served as it is (a state endpoint never fails for it)."""
+    try:
+        typed = schema.model_validate(body)
+    except ValidationError as e:
+        logger.error(
+            "%s does not fit its schema (%d errors, the first: %s)", schema.__name__, e.error_count(), e.errors()[0]
+        )
+        return json_response(body)
+    return Response(typed.model_dump_json(exclude_unset=True), media_type="application/json")
 
 
 def error_response(err: ServiceError) -> Response:

@@ -13,20 +13,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import ServiceError
-from app.http.body_reader import BodyReader
-from app.http.policy import RouterPolicy
+from app.http.context import RouterContext
 from app.http.replies import json_response
-from app.pipeline.service import Pipeline
 
 MAX_SPEC_BYTES = 16 * 1024  # a spec is a few hundred bytes
 
 
 class RolloutAPI:
-    def __init__(self, model: str, pipeline: Pipeline, policy: RouterPolicy, bodies: BodyReader) -> None:
-        self.model = model
-        self.pipeline = pipeline
-        self.policy = policy
-        self.bodies = bodies
+    def __init__(self, ctx: RouterContext) -> None:
+        self.model = ctx.args.model.name
+        self.pipeline, self.policy, self.bodies = ctx.pipeline, ctx.policy, ctx.bodies
 
     async def _call(self, method: str, *args: Any) -> Any:
         return await self.pipeline.specs.ask(self.pipeline.backend.rollout(method, *args), 10.0)

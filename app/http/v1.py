@@ -11,20 +11,17 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from app.config import AppArgs
 from app.errors import ServiceError, find_service_error
 from app.http import reading
-from app.http.body_reader import BodyReader
+from app.http.context import RouterContext
 from app.http.front_report import FrontReport
-from app.http.policy import RouterPolicy
-from app.http.replies import Replies, json_response, model_response
+from app.http.replies import model_response, state_response
 from app.http.report import RouterReport
 from app.pipeline.outcome import Outcome, ms
-from app.pipeline.service import Pipeline
 from app.protocol import v1
 
 if TYPE_CHECKING:  # a type only: the Router's metrics are made and handed in by the deployment
-    from app.http.ports import Metrics
+    pass
 
 logger = logging.getLogger("ray.serve")
 SINGLE, BATCH = "/v1/classify", "/v1/classify/batch"
@@ -39,25 +36,16 @@ def _score(p: float) -> float:
 class V1:
     def __init__(
         self,
-        args: AppArgs,
-        variants: list[str],
-        pipeline: Pipeline,
-        policy: RouterPolicy,
-        bodies: BodyReader,
-        replies: Replies,
-        metrics: Metrics,
+        ctx: RouterContext,
         report: RouterReport,
         front: FrontReport,
         serve_request_id: Callable[[], str | None],
     ) -> None:
-        self.args = args
-        self.limits = args.limits
-        self.variants = variants
-        self.pipeline = pipeline
-        self.policy = policy
-        self.bodies = bodies
-        self.replies = replies
-        self.metrics = metrics
+        """report: this Router replica's state for /v1/models; front: the admission fronts its requests came
+        through; serve_request_id: Serve's id of the request being handled."""
+        self.args, self.limits, self.variants = ctx.args, ctx.limits, ctx.variants
+        self.pipeline, self.policy, self.bodies = ctx.pipeline, ctx.policy, ctx.bodies
+        self.replies, self.metrics = ctx.replies, ctx.metrics
         self.report = report
         self.front = front
         self.serve_request_id = serve_request_id
@@ -193,18 +181,17 @@ class V1:
         for name, c in summary["cascades"].items():
             share = {"weight": cfg.weights.get(name, 0.0), "traffic_fraction": split.fractions.get(name, 0.0)}
             c |= {**share, "description": args.cascades[name].description}
-        return json_response(
-            {
-                "model": args.model.name,
-                "declaration": args.model.model_dump(),
-                "variants": variants,
-                "routing": routing,
-                "limits": self.limits.model_dump(),
-                "ingress": self.front.ingress,
-                "admission_front": self.front.describe(),
-                **summary,
-            }
-        )
+        body = {
+            "model": args.model.name,
+            "declaration": args.model.model_dump(),
+            "variants": variants,
+            "routing": routing,
+            "limits": self.limits.model_dump(),
+            "ingress": self.front.ingress,
+            "admission_front": self.front.describe(),
+            **summary,
+        }
+        return state_response(v1.ModelsResponse, body)
 
     async def ab_summary(self, request: Request) -> Response:
         pipeline = self.pipeline
@@ -213,7 +200,8 @@ class V1:
         if pipeline.cascades.states:  # their evidence is the ledger's too: the thresholds as of this moment
             await self.policy.refit_cascades()
             summary["cascades"] = pipeline.cascades.describe(with_curve=True)
-        return json_response({"model": self.args.model.name, "serving": await self._serving(), **summary})
+        body = {"model": self.args.model.name, "serving": await self._serving(), **summary}
+        return state_response(v1.ABSummary, body)
 
     async def _serving(self) -> dict[str, dict[str, Any]]:
         """Each variant's build as its replica says it runs (a fallback in force included); nulls if it did not
@@ -235,4 +223,5 @@ class V1:
         """Zero the A/B counters (POST /v1/ab/reset); returns the summary as it was."""
         pipeline = self.pipeline
         pipeline.evidence.reset()  # this replica's unflushed counts go too
-        return json_response({"reset": True, "before": await pipeline.specs.ask(pipeline.backend.ledger_reset(), 10.0)})
+        before = await pipeline.specs.ask(pipeline.backend.ledger_reset(), 10.0)
+        return state_response(v1.ABReset, {"reset": True, "before": before})

@@ -15,43 +15,28 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.config import AppArgs
 from app.errors import ServiceError
 from app.http import reading
-from app.http.policy import RouterPolicy
-from app.http.replies import Replies
+from app.http.context import RouterContext
 from app.imaging.payloads import Pixels
 from app.pipeline.cascade_rule import escalate
 from app.pipeline.outcome import Outcome, ms
 from app.pipeline.routing import Choice
-from app.pipeline.service import Pipeline
 from app.protocol import v2
 from app.protocol.v2 import triton_config
 from app.served_model.outputs import probabilities as as_probabilities
 
 if TYPE_CHECKING:
-    from app.http.ports import Metrics
+    pass
 
 Outputs = dict[str, np.ndarray]
 
 
 class V2DataPlane:
-    def __init__(
-        self,
-        args: AppArgs,
-        variants: list[str],
-        pipeline: Pipeline,
-        policy: RouterPolicy,
-        replies: Replies,
-        metrics: Metrics,
-    ) -> None:
-        self.args = args
-        self.limits = args.limits
-        self.variants = variants
-        self.pipeline = pipeline
-        self.policy = policy
-        self.replies = replies
-        self.metrics = metrics
+    def __init__(self, ctx: RouterContext) -> None:
+        self.args, self.limits, self.variants = ctx.args, ctx.limits, ctx.variants
+        self.pipeline, self.policy = ctx.pipeline, ctx.policy
+        self.replies, self.metrics = ctx.replies, ctx.metrics
 
     # -- health, metadata, statistics ----------------------------------------------------
 

@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any
 from starlette.datastructures import Headers
 
 from app import __version__
-from app.config import AppArgs
 from app.errors import ServiceError
+from app.http.context import RouterContext
 from app.http.v2_dataplane import V2DataPlane
 from app.protocol import v2
 from app.protocol.v2 import grpc as v2_grpc
 from app.protocol.v2.pb import grpc_service_pb2 as pb
 
 if TYPE_CHECKING:
-    from app.http.ports import Metrics
+    pass
 
 logger = logging.getLogger("ray.serve")
 ENDPOINT = "grpc"
@@ -42,10 +42,9 @@ def metadata_headers(context: Any) -> Headers:
 
 
 class GRPC:
-    def __init__(self, args: AppArgs, ops: V2DataPlane, metrics: Metrics) -> None:
-        self.limits = args.limits
+    def __init__(self, ctx: RouterContext, ops: V2DataPlane) -> None:
+        self.limits, self.metrics = ctx.limits, ctx.metrics
         self.ops = ops
-        self.metrics = metrics
 
     async def call(self, method: str, msg: Any, context: Any) -> Any:
         """One RPC to its handler in RPCS: its answer, or an empty message with the error's status set on the

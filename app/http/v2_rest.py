@@ -13,11 +13,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app import __version__
-from app.config import AppArgs
 from app.errors import ServiceError
-from app.http.body_reader import BodyReader
-from app.http.policy import RouterPolicy
-from app.http.replies import Replies, json_response
+from app.http.context import RouterContext
+from app.http.replies import json_response
 from app.http.route import Route
 from app.http.v2_dataplane import V2DataPlane
 from app.protocol import v2
@@ -34,20 +32,10 @@ Params = dict[str, str]
 
 
 class V2:
-    def __init__(
-        self,
-        args: AppArgs,
-        ops: V2DataPlane,
-        policy: RouterPolicy,
-        bodies: BodyReader,
-        replies: Replies,
-        parsers: ParsePool,
-    ) -> None:
-        self.limits = args.limits
+    def __init__(self, ctx: RouterContext, ops: V2DataPlane, parsers: ParsePool) -> None:
+        """ops: the protocol's operations (shared with gRPC); parsers: where large JSON bodies are parsed."""
+        self.limits, self.policy, self.bodies, self.replies = ctx.limits, ctx.policy, ctx.bodies, ctx.replies
         self.ops = ops
-        self.policy = policy
-        self.bodies = bodies
-        self.replies = replies
         self.parsers = parsers
 
     async def dispatch(self, request: Request, path: str, routes: PathTable[Route]) -> Response:
