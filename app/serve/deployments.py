@@ -1,15 +1,12 @@
-"""The Router (HTTP ingress, A/B) and the ABLedger; the Preprocessor and Classifier live in their own modules.
+"""The Router (HTTP and gRPC ingress, A/B), the ABLedger and the RolloutController on Serve; the Preprocessor and the
+Classifier live in their own modules.
 
-Data path: the Router reads and checks the request (app/http/), picks a variant and hands the
-images to the pipeline (app/pipeline/), which calls the Preprocessor and passes its DeploymentResponse
-straight into the Classifier (with `decode_in: router` it decodes in this process instead, under the same
-DecodeBudget, and sends the pixels on by value). With Serve's handles by reference (its default) the
-image tensor goes Preprocessor -> object store -> Classifier; with configs/serve.env's
-RAY_SERVE_THROUGHPUT_OPTIMIZED they send by value over gRPC, and Serve awaits that response in the
-Router and sends the pixels on. Measured here (docs/performance.md), by value is still the cheaper
-of the two: forcing the pixel calls by reference (`handle.options(_by_reference=True)`) raised the
-Router's CPU per single-image request at c=1 from ~6 to ~11 ms and gained nothing at c=32.
-Only the top-k scores come back to the client.
+The Router hands a request to its handlers (the http package), which pick a variant and hand the images to the
+pipeline: it calls the Preprocessor and passes its DeploymentResponse straight into the Classifier call (with
+`decode_in: router` the Router decodes itself, under the same decode budget, and sends the pixels on by value). With
+configs/serve.env's throughput-optimised mode Serve sends by value over gRPC and resolves that response in the
+Router; by value measured cheaper than by reference (the performance page says how much). Only the top-k scores
+come back to the client.
 """
 
 from __future__ import annotations

@@ -1,75 +1,17 @@
 """The Open Inference Protocol (KServe V2 / Triton HTTP) for this service: the pure half, no Ray, no server.
 
-The Router owns the HTTP side (reading the body, calling the deployments,
-sending the reply); this package owns the protocol: which paths exist, what the
-metadata says, how an inference request is parsed and checked, how a response
-is encoded. Every function here takes and returns plain values, so the whole
-protocol is tested without a cluster against the real, unmodified tritonclient.
+The Router's handlers own the transport (reading the body, calling the pipeline, sending the reply); this package
+owns the protocol: which paths and model names exist (`names`), what the metadata and health replies say
+(`metadata`), how an inference request is parsed and checked (`request`, `parsing`), how a response is encoded
+(`encoding`). Every function takes and returns plain values, so the whole protocol is tested without a cluster
+against the real, unmodified tritonclient. This module is the package's face (`from app.protocol import v2`);
+`triton_config` (Triton's model configuration), `grpc` (the same protocol over gRPC) and `parse_pool` (large
+requests parsed in child processes) are imported by name.
 
-This module is the package's face: `from app.protocol import v2`, then `v2.parse_infer_request(...)`. One
-concept a module:
-
-    names.py          the constants, the V2 model names and their resolution, the path grammar (`MODEL_PATH`,
-                      `match_v2_path`)
-    metadata.py       the health replies, server and model metadata, the `image` input's size, the protocol's
-                      error object
-    request.py        the parsed request (`InferRequest`, `RequestedOutput`)
-    parsing.py        a request's JSON and binary tensor data -> `InferRequest`, every check and limit
-    encoding.py       the requested outputs (top-k strings included) and the response, JSON or binary
-    triton_config.py  Triton's model configuration (`GET /v2/models/{name}/config`)
-    grpc.py           the same protocol over gRPC, from and to Triton's messages
-    parse_pool.py     large requests parsed in child processes, so the event loop never waits on them
-
-The last three are imported by name (`from app.protocol.v2 import grpc`), not through this face.
-
-Models. One model name per way of choosing a variant, all built by
-`model_name_for(base, variant)` from the declared model name (`args.model.name`):
-
-    <name>         A/B routed (weights, sticky header, override header), like /v1
-    <name>-int8    always Classifier_int8
-    <name>-fp32    always Classifier_fp32
-
-Each has the single version "1" (`DEFAULT_VERSION`).
-
-Inputs. A request carries exactly ONE of two inputs; the metadata lists both
-(Triton clients read `inputs` as "what this model accepts", and each entry has
-its own name, so a client picks the one it has):
-
-    image_bytes  BYTES [-1, 1]        encoded image files (JPEG, PNG, ...), decoded by the Preprocessor.
-                                      [N] is taken as [N, 1] (Triton's batched BYTES models use dims [1],
-                                      and the metadata says so; KServe clients often send [N]).
-                                      Binary extension: 4-byte little-endian length + bytes per element.
-                                      JSON `data`: each element is the file as a base64 string (JSON strings
-                                      cannot carry arbitrary bytes; raw JPEG/PNG bytes are never valid UTF-8).
-    image        UINT8 [-1, H, W, C]  pixels already at the model's size (H, W, C from its graph) in the channel
-                                      order it declares (model.preprocess.color), sent straight to the
-                                      Classifier, which normalises them as declared. Always uint8 NHWC: that
-                                      is what a Classifier accepts, whatever the graph's own input (a float
-                                      NCHW graph included: its normalisation is the server's, never the client's).
-
-Outputs (all batched, row i answers image i):
-
-    logits         FP32  [-1, C]  the model's output
-    probabilities  FP32  [-1, C]  softmax of logits
-    top_k          BYTES [-1, k]  "score:index:label" strings, best first (Triton's classification format);
-                                  k = the output's `classification` parameter, else the request parameter
-                                  `top_k`, else Limits.default_top_k.
-
-Triton's classification extension also works on `logits` and `probabilities`:
-`{"name": "probabilities", "parameters": {"classification": 3}}` returns BYTES
-[-1, 3] instead of the FP32 tensor. When a request names no outputs, all three
-are returned (the protocol's rule: "all outputs produced by the model"), as
-binary when the request parameter `binary_data_output` is true (tritonclient
-sets it whenever it is given no outputs), else as JSON.
-
-Extensions implemented, and so listed in the server metadata:
-`binary_tensor_data`, `classification`, and Triton's `model_configuration`
-(triton_config.py) and `statistics` (app/pipeline/inferstats.py), which Triton's tools
-(perf_analyzer) need. Not implemented: shared memory (refused with 400),
-sequences, model repository, trace, logging.
-
-Errors are `{"error": "<message>"}` (the protocol's error object) with the
-status from `app.errors.STATUS`, like every other failure of the service.
+What is served (the model names `<name>`, `<name>-int8`, `<name>-fp32`; the inputs `image_bytes` and `image`; the
+outputs `logits`, `probabilities`, `top_k` and the classification extension; the extensions listed in the server
+metadata; the error object) is the API guide's "Open Inference Protocol (KServe V2)" section, which the tests hold
+to it.
 """
 
 from app.protocol.v2.encoding import (
