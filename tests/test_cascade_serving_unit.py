@@ -27,7 +27,7 @@ from app.pipeline.abstats import ABStats
 from app.pipeline.capture import CaptureStore, directory_name
 from app.pipeline.cascade_rule import MarginEvidence
 from app.pipeline.cascade_stage import Cascades
-from app.pipeline.outcome import Outcome
+from app.pipeline.group_run import Outcome
 from app.pipeline.routing import Choice, WeightedSplit
 from app.pipeline.service import Pipeline
 from app.rollout.spec import RolloutSpec

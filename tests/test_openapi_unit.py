@@ -22,7 +22,7 @@ from app.http import docs
 from app.http.openapi import build_openapi
 from app.http.routes import ROUTES
 from app.pipeline.abstats import ABStats
-from app.pipeline.outcome import Outcome
+from app.pipeline.group_run import Outcome
 from app.protocol import v1
 from tests.openapi_support import check, component, declared, fits
 from tests.test_ingress_rollout_unit import router

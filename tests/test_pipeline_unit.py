@@ -21,9 +21,9 @@ from app.imaging.payloads import Pixels, Scores
 from app.imaging.transform import Transform
 from app.pipeline.abstats import ABStats
 from app.pipeline.admission import Admission, Limits
-from app.pipeline.attempts import Classify
 from app.pipeline.coalescer import Coalescer, Waiter
 from app.pipeline.failover import Failover
+from app.pipeline.group_run import Classify
 from app.pipeline.ports import ReplicaLost
 from app.pipeline.routing import Choice, WeightedSplit
 from app.pipeline.service import Pipeline

@@ -17,7 +17,7 @@ from app.http.context import RouterContext
 from app.http.front_report import FrontReport
 from app.http.replies import model_response, state_response
 from app.http.report import RouterReport
-from app.pipeline.outcome import Outcome, ms
+from app.pipeline.group_run import Outcome, ms
 from app.protocol import v1
 
 if TYPE_CHECKING:  # a type only: the Router's metrics are made and handed in by the deployment

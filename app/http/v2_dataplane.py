@@ -20,7 +20,7 @@ from app.http import reading
 from app.http.context import RouterContext
 from app.imaging.payloads import Pixels
 from app.pipeline.cascade_rule import escalate
-from app.pipeline.outcome import Outcome, ms
+from app.pipeline.group_run import Outcome, ms
 from app.pipeline.routing import Choice
 from app.protocol import v2
 from app.protocol.v2 import triton_config

@@ -5,12 +5,11 @@ come in as a `Backend` (ports.py), so the whole pipeline runs in unit tests with
 
     admission.py  the in-flight limit: a fast 503 instead of a queue
     coalescer.py  concurrent requests for one variant share one trip down the chain
-    group_run.py  a sent group (or ready pixels): its variant under failover, a cascade's second stage, the shadow
-    attempts.py   what one try on a variant calls: the decode and the Classifier, or the Classifier alone
+    group_run.py  a sent group (or ready pixels): its variant under failover (each try an Attempt), a cascade's
+                  second stage, the shadow; each request's share of the answer (Outcome)
     failover.py   deadline, one retry elsewhere, abandon a call whose variant lost its replicas
     shadow.py     a sample re-run on the other variant off the response path; the A/B evidence
     model_specs.py  the variants' input spec, transform and labels, asked of the Classifiers once
-    outcome.py    one request's answer: per image its top-k or its error, and the timings
     service.py    classify(...) -> Outcome: the above put together
     routing.py    the variant a request goes to: override header > sticky hash > weighted draw
     cascade_rule.py  a cascade's rule (INT8 first, FP32 when the margin is thin) and its threshold's fit

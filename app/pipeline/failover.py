@@ -29,7 +29,7 @@ QUIET_S = 30.0  # the health poll stops this long after the last failure, once e
 
 
 class Attempt(Protocol[T_co]):
-    """One request's calls on a variant (`attempts.DecodeAndClassify`, `attempts.Classify`), which `Failover.run`
+    """One request's calls on a variant (`group_run.DecodeAndClassify`, `group_run.Classify`), which `Failover.run`
     makes on the chosen variant and, after a replica failure, once more elsewhere."""
 
     async def on(self, variant: str, deadline: float, abort: asyncio.Event | None) -> T_co:

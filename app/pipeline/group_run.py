@@ -1,5 +1,6 @@
 """What a request's images go through once they leave the Router's queue: the chosen variant (or a cascade's first)
-under failover, a cascade's second stage, then the shadow; each request of a coalesced group gets its share.
+under failover (each try an Attempt: `DecodeAndClassify`, `Classify`), a cascade's second stage, then the shadow; each
+request of a coalesced group gets its share (`Outcome`).
 
 `group` is the coalescer's one entry point (a group of requests for one variant); `pixels` the one of ready pixels,
 which do not ride the coalescer. Both read the Router's config in force (`configure`, live).
@@ -7,27 +8,71 @@ which do not ride the coalescer. Both read the Router's config in force (`config
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
+
 from app.config import RouterConfig
 from app.errors import ServiceError
 from app.imaging.payloads import Pixels, Scores
-from app.pipeline.attempts import Classify, DecodeAndClassify
+from app.pipeline.cascade_rule import escalate
 from app.pipeline.cascade_stage import Cascader, Cascades, CascadeState, Escalation
 from app.pipeline.coalescer import Waiter
 from app.pipeline.failover import Attempt, Failover
 from app.pipeline.model_specs import ModelSpecs
-from app.pipeline.outcome import Outcome, ms, share_of
-from app.pipeline.ports import Backend
+from app.pipeline.ports import Backend, Call
 from app.pipeline.routing import Choice, WeightedSplit
 from app.pipeline.shadow import SHADOW_TOP_K, Shadow
+from app.request.guards import wall_deadline
 
 logger = logging.getLogger("ray.serve")
 T = TypeVar("T")
 Key = tuple[str, bool, bool]  # (variant, pinned, full): the requests one group may carry
+Top = list[tuple[int, float]]  # (class_id, probability), best first
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)
+
+
+@dataclass
+class Outcome:
+    """One request's answer: per image its top-k or its error, and where the time went."""
+
+    variant: str  # the variant that answered
+    routing: str  # why the request went where it did: weighted, sticky, override, model
+    failed_over: bool
+    top: dict[int, Top]  # by position in the request, for the images that succeeded
+    errors: dict[int, ServiceError]  # by position, for those that did not
+    preprocess_ms: float = 0.0
+    queue_ms: float = 0.0
+    inference_ms: float = 0.0
+    batch_size: int = 0
+    logits: np.ndarray | None = None  # [succeeded, classes] in position order, when asked for (`full`)
+    cascade: Escalation | None = None  # answered by a cascade: what its second stage did for the group
+    margins: dict[int, tuple[bool, float]] | None = None  # a cascade's: by position, (escalated, first's margin)
+
+    def timings(self) -> dict[str, float]:
+        out = {"preprocess": self.preprocess_ms, "queue": self.queue_ms, "inference": self.inference_ms}
+        if self.cascade is not None:
+            out["escalation"] = self.cascade.ms
+        return out
+
+    def cascade_reply(self, pos: int) -> dict[str, Any] | None:
+        """The reply's `cascade` field for the image at `pos`: whether it went on to `then`, and why."""
+        if self.cascade is None or self.margins is None or pos not in self.margins:
+            return None
+        escalated, m = self.margins[pos]
+        c = self.cascade
+        out: dict[str, Any] = {"escalated": escalated, "margin": round(m, 6), "threshold": c.threshold}
+        out |= {"first": c.cascade.first, "then": c.cascade.then}
+        if c.failed is not None and escalate(m, c.threshold):  # meant to go on, but `then` could not answer
+            out["escalation_failed"] = c.failed
+        return out
 
 
 @dataclass(frozen=True)
@@ -38,6 +83,43 @@ class Ask:
     top_k: int
     received: float  # perf_counter when the body was in: the deadline runs from here
     full: bool
+
+
+class DecodeAndClassify:
+    """A coalesced group's encoded images decoded for the variant's model (a Preprocessor call, or the Router's own
+    decode), and the decode's answer handed to the variant's Classifier as it is: (its Scores, the decode's call)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        failover: Failover,
+        specs: ModelSpecs,
+        images: list[bytes],
+        top_k: int,
+        full: bool,
+    ) -> None:
+        self.backend, self.failover, self.specs = backend, failover, specs
+        self.images, self.top_k, self.full = images, top_k, full
+
+    async def on(self, variant: str, deadline: float, abort: asyncio.Event | None) -> tuple[Scores, Call]:
+        transform = await self.specs.transform(variant)
+        # The deadline goes as wall-clock time: perf_counter means nothing in another process.
+        pixels = self.backend.preprocess(self.images, transform, wall_deadline(deadline))
+        call = self.backend.classify(variant, pixels, self.top_k, self.full, None)
+        left = deadline - time.perf_counter()
+        return await self.failover.call(call, left, pixels, abort=abort, variant=variant), pixels
+
+
+class Classify:
+    """Ready pixels (a V2 tensor) on the variant's Classifier."""
+
+    def __init__(self, backend: Backend, failover: Failover, pixels: Pixels, top_k: int, full: bool) -> None:
+        self.backend, self.failover = backend, failover
+        self.pixels, self.top_k, self.full = pixels, top_k, full
+
+    async def on(self, variant: str, deadline: float, abort: asyncio.Event | None) -> Scores:
+        call = self.backend.classify(variant, self.pixels, self.top_k, self.full, None)
+        return await self.failover.call(call, deadline - time.perf_counter(), abort=abort, variant=variant)
 
 
 class GroupRun:
@@ -152,3 +234,34 @@ class GroupRun:
             cascade.problem = f"{cascade.first} takes {first.shape} pixels and {cascade.then} {then.shape}"
             logger.error("cascade %s cannot escalate: %s", cascade.name, cascade.problem)
         cascade.checked = True
+
+
+def share_of(
+    scores: Scores,
+    choice: Choice,
+    variant: str,
+    positions: range,
+    waited_ms: float,
+    escalation: Escalation | None = None,
+) -> Outcome:
+    """The part of a group's Scores that belongs to the request whose images sit at `positions`."""
+    rows = {pos: row for row, pos in enumerate(scores.positions)}
+    mine = [p for p in positions if p in rows]
+    logits = scores.logits[[rows[p] for p in mine]] if scores.logits is not None else None
+    margins = None
+    if escalation is not None:
+        margins = {p - positions.start: (escalation.escalated(rows[p]), escalation.margins[rows[p]]) for p in mine}
+    return Outcome(
+        variant=variant,
+        routing=choice.reason,
+        failed_over=variant != choice.variant,
+        top={p - positions.start: scores.top[rows[p]] for p in mine},
+        errors={p - positions.start: e for p, e in scores.errors.items() if p in positions},
+        preprocess_ms=scores.preprocess_ms,
+        queue_ms=round(scores.queue_ms + waited_ms, 3),  # waiting to be sent counts as queueing
+        inference_ms=scores.inference_ms,
+        batch_size=scores.batch_size,
+        logits=logits,
+        cascade=escalation,
+        margins=margins,
+    )

@@ -23,9 +23,8 @@ from app.pipeline.admission import Admission, Limits
 from app.pipeline.cascade_stage import Capture, Cascader, Cascades
 from app.pipeline.coalescer import Coalescer
 from app.pipeline.failover import Failover
-from app.pipeline.group_run import Ask, GroupRun, Key
+from app.pipeline.group_run import Ask, GroupRun, Key, Outcome
 from app.pipeline.model_specs import ModelSpecs
-from app.pipeline.outcome import Outcome
 from app.pipeline.ports import Backend, PipelineMetrics
 from app.pipeline.routing import Choice, WeightedSplit
 from app.pipeline.shadow import Evidence, Shadow
