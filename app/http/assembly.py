@@ -69,7 +69,7 @@ class RouterApp:
         )
         self.policy = RouterPolicy(self.pipeline, variants, list(args.cascades), metrics, rng)
         self.front = FrontReport(declared(args.front))  # which admission fronts this Router's requests came through
-        bodies = BodyReader(args.limits, lambda: self.policy.config, metrics, self.pipeline.admission.client_gone)
+        bodies = BodyReader(args.limits, self.policy, metrics, self.pipeline.admission.client_gone)
         self.ctx = ctx = RouterContext(args, variants, self.pipeline, self.policy, bodies, Replies(metrics), metrics)
         parsers = ParsePool()  # large V2 JSON is parsed in a child process (CPython's json holds the GIL)
         report = RouterReport(replica, args, self.pipeline, bodies, parsers, self.capture, decoder_state)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from starlette.requests import ClientDisconnect, Request
 
@@ -21,18 +21,25 @@ if TYPE_CHECKING:  # a type only: the Router's metrics are made and handed in by
     from app.http.ports import Metrics
 
 
+class LiveConfig(Protocol):
+    """Whatever holds the Router's config in force (the live policy)."""
+
+    @property
+    def config(self) -> RouterConfig: ...
+
+
 class BodyReader:
     def __init__(
         self,
         limits: Limits,
-        config: Callable[[], RouterConfig],
+        live: LiveConfig,
         metrics: Metrics,
         client_gone: Callable[[], None],
     ) -> None:
-        """config: the Router's config in force (its body deadlines are live); client_gone: counts a client that
+        """live: holds the Router's config in force (its body deadlines are live); client_gone: counts a client that
         left before its body arrived (the admission's count of cancelled requests)."""
         self.limits = limits
-        self.config = config
+        self.live = live
         self.metrics = metrics
         self.client_gone = client_gone
         self.gate = BodyGate()  # bodies still arriving: before admission, with their own deadline
@@ -40,7 +47,7 @@ class BodyReader:
 
     async def receive(self, request: Request, max_bytes: int | None = None) -> bytes:
         """The whole body through the body gate, before the request is admitted: 413/408 here."""
-        cfg = self.config()
+        cfg = self.live.config
         try:
             body = await self.gate.read(
                 request.stream(),
