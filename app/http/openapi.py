@@ -94,8 +94,8 @@ def build_openapi(
         "info": {
             "title": "Image classification: the v1 API",
             "version": __version__,
-            "description": 'Errors are `{"error": {"code", "message"}}`; the status follows from the code '
-            "(app/errors.py). Every 503 carries `Retry-After`. An unknown path answers 404 `not_found`, a "
+            "description": 'Errors are `{"error": {"code", "message"}}`; the status follows from the code. '
+            "Every 503 carries `Retry-After`. An unknown path answers 404 `not_found`, a "
             "known one with another method 405 `method_not_allowed`, both with that body.",
         },
         "tags": [{"name": t} for t in dict.fromkeys(d.tag for d in docs)],

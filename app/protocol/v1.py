@@ -29,7 +29,7 @@ class _Body(BaseModel):
 
 class ErrorDetail(_Body):
     code: str = Field(
-        description="machine-readable; the status follows from it (app/errors.py STATUS)",
+        description="machine-readable; the status follows from it (the error table in docs/api.md)",
         json_schema_extra={"enum": list(STATUS)},
     )
     message: str = Field(description="for people; may change between releases")
@@ -270,11 +270,11 @@ class Throughput(_Body):
     img_per_s: float
 
 
-# `speed_gate`: SpeedGateVerdict (app/config/speed_gate.py), the very record app/runtime's judge() makes.
+# `speed_gate`: SpeedGateVerdict, the very record the engines' speed gate (`judge`) makes.
 
 
 class FallbackInfo(_Body):
-    """The variant's declared fallback, serving instead of the build it requested (app/runtime/fallback.py)."""
+    """The variant's declared fallback, serving instead of the build it requested."""
 
     requested_precision: Literal["fp32", "fp16", "int8"]
     requested_model_file: str = Field(description="the build the variant asked for (its served copy)")
@@ -284,7 +284,7 @@ class FallbackInfo(_Body):
 
 
 class CudaGraphs(_Body):
-    """CUDA graphs on a GPU engine (app/runtime/graphs.py); absent on a CPU engine or with cuda_graphs off."""
+    """CUDA graphs on a GPU engine; absent on a CPU engine or with cuda_graphs off."""
 
     enabled: bool
     active: bool = Field(description="some batch sizes replay a captured graph")
@@ -334,7 +334,7 @@ class PixelsInfo(_Body):
 
 
 class TransformInfo(_Body):
-    """The Preprocessor's half of the declaration at the graph's size (app/imaging/transform.py)."""
+    """The Preprocessor's half of the declaration at the graph's size."""
 
     height: int
     width: int
@@ -351,7 +351,7 @@ class NormalisationInfo(_Body):
 
 
 class PrologueInfo(_Body):
-    """The ops folded in front of the graph at load (app/served_model/prologue.py): y = x * scale - shift."""
+    """The ops folded in front of the graph at load: y = x * scale - shift."""
 
     steps: list[str]
     scale: list[float] | None
@@ -386,7 +386,7 @@ class Profiling(_Body):
 
 
 class DeviceBatchInfo(_Body):
-    """decode_in: gpu: whether a batch's pixels stay on the device for the engine (app/runtime/device_batch.py)."""
+    """decode_in: gpu: whether a batch's pixels stay on the device for the engine."""
 
     active: bool = Field(
         description="true: the transform writes each image into the engine's input buffer and the engine reads it "
@@ -522,7 +522,7 @@ class Ingress(_Body):
 
 
 class AdmissionFront(_Body):
-    """The admission front (app/front/) as this Router's requests showed it: per HAProxy host."""
+    """The admission front as this Router's requests showed it: per HAProxy host."""
 
     in_place: bool = Field(description="some HAProxy's front was seen within the last minute")
     configured: dict[str, str] = Field(description="args.front, as the config says")
