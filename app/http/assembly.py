@@ -1,7 +1,7 @@
 """The Router's parts, assembled in one place: the pipeline, the live policy, the handlers and their route table.
 
 Each part gets what it uses as constructor arguments; nothing is set on a part after it is built. The Router
-deployment (app/serve/deployments.py) builds one RouterApp per replica on Serve's handles and metrics, and the
+deployment builds one RouterApp per replica on Serve's handles and metrics, and the
 unit tests build it on a fake Backend.
 """
 

@@ -1,6 +1,6 @@
 """A request's body: read whole through the body gate before admission, and its Content-Encoding undone.
 
-The gate (app/request/body.py) bounds what a body still arriving costs: its bytes, its deadline and the slots of
+The gate (`BodyGate`) bounds what a body still arriving costs: its bytes, its deadline and the slots of
 slow ones. Inflating runs inline for small bodies and on a thread for large ones (zlib frees the GIL).
 """
 

@@ -2,8 +2,8 @@
 
 At start (`ingress_of`, `serve_env_state`, logged once, in /v1/models as `ingress`): which ingress Serve runs, read
 from this process's environment, which is its node's (`ray start`'s; Ray copies no variable between nodes): HAProxy
-with the admission front (app/front/, `haproxy+admission-front`), plain HAProxy (`haproxy`), or Serve's Python proxy
-(`serve-python-proxy`, Ray's default: a cluster started without configs/serve.env); and which of configs/serve.env's
+with the admission front (`app-haproxy`: `haproxy+admission-front`), plain HAProxy (`haproxy`), or Serve's Python
+proxy (`serve-python-proxy`, Ray's default: a cluster started without configs/serve.env); and which of serve.env's
 settings are in force, missing, or set otherwise. Serve's controller decides HAProxy or its Python proxy from the
 head node's environment and each node's proxy finds its HAProxy binary in its own: the report is exact when every
 node was started with the same environment (docs/operating.md "A Ray cluster of your own", the RayService's Pods),

@@ -1,8 +1,8 @@
-"""The OpenAPI 3.1 document of the v1 API, built from the route table (app/http/routes.py: each entry's `Doc`)
-and the response models (app/protocol/v1.py); every error status comes from the one status table (app/errors.py
+"""The OpenAPI 3.1 document of the v1 API, built from the route table (each entry's `Doc`)
+and the response models (the v1 protocol's); every error status comes from the one status table (`app.errors.STATUS`
 STATUS).
 
-Pure: no Ray, no Starlette (the table is handed in). app/http/docs.py serves it as GET /openapi.json.
+Pure: no Ray, no Starlette (the table is handed in). `Docs` serves it as GET /openapi.json.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ ADMIN = ("unauthorized", "admin_disabled")
 @dataclass(frozen=True)
 class Doc:
     """A route's entry in the document: what it takes and what it answers (its method, path and admin flag are the
-    route's own, app/http/routes.py)."""
+    route's own, in the route table)."""
 
     summary: str
     tag: str
@@ -54,12 +54,12 @@ class Doc:
 
 
 class Documented(Protocol):
-    """A route as the document reads it (app/http/routes.py's Route)."""
+    """A route as the document reads it (the route table's `Route`)."""
 
     @property
     def method(self) -> str: ...
     @property
-    def path(self) -> str: ...  # literal or a template (app/protocol/paths.py)
+    def path(self) -> str: ...  # literal or a template (`PathTemplate`)
     @property
     def admin(self) -> bool: ...
     @property

@@ -1,6 +1,6 @@
 """What the HTTP layer needs from the world outside it, as Protocols: the Router's metrics, which the deployment
-makes (app/serve/metrics.py's RouterMetrics satisfies it) and hands to app/http/assembly.py. The pipeline's own
-ports are app/pipeline/ports.py."""
+makes (RouterMetrics satisfies it) and hands to the Router's assembly. The pipeline's own
+ports are its `ports` module's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from app.pipeline.ports import PipelineMetrics
 
 
 class Metrics(PipelineMetrics, Protocol):
-    """The Router's metrics as the handlers use them: every reply counted once (app/http/replies.py)."""
+    """The Router's metrics as the handlers use them: every reply counted once (`Replies`)."""
 
     def error(self, endpoint: str, code: str, status: int, variant: str = "none") -> None: ...
 

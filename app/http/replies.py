@@ -13,7 +13,7 @@ from app.protocol import v2
 
 logger = logging.getLogger("ray.serve")
 
-if TYPE_CHECKING:  # a type only (app/serve/metrics.py): the metrics are handed in by app/http/assembly.py
+if TYPE_CHECKING:  # a type only: the metrics are made by the deployment and handed in
     from app.http.ports import Metrics
 
 
@@ -22,7 +22,7 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 
 
 def model_response(body: BaseModel, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    """A reply built from its typed model (app/protocol/v1.py): fields left at their default (a `failover` that
+    """A reply built from its typed model (the v1 protocol's): fields left at their default (a `failover` that
     did not happen, a `cascade` that did not answer) are left out, as the schema documents."""
     return Response(body.model_dump_json(exclude_defaults=True), status, headers, media_type="application/json")
 

@@ -1,6 +1,6 @@
 """GET /v1/rollout, POST /v1/rollout, POST /v1/rollout/abort: the rollout controller's API on the ingress.
 
-The controller is its own deployment (app/serve/deployments.py's RolloutController, logic in app/rollout/); the
+The controller is its own deployment (the RolloutController, its logic the rollout package's); the
 Router only relays. Starting and aborting change the weights, so they are admin routes (bearer token).
 """
 

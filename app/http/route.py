@@ -14,7 +14,7 @@ from app.http.openapi import Doc
 @dataclass(frozen=True)
 class Route:
     method: str
-    path: str  # exact, or a template (app/protocol/paths.py): its parameters go to the handler
+    path: str  # exact, or a template (`paths.PathTemplate`): its parameters go to the handler
     # In ROUTES the function of a part's class (V1.classify); bound to the Router's part by `route_table`. V2's take
     # (request, path parameters); the others (request), a template's parameters in request.path_params.
     handler: Callable[..., Awaitable[Response]]

@@ -1,13 +1,13 @@
 """The Router's HTTP routes: every path (v1, rollout, docs, health and the Open Inference Protocol's REST paths) in one
 table, with its method, the handler that answers it, whether it needs the admin token and its /openapi.json entry.
-The gRPC methods have their own table beside their handlers (`grpc.RPCS`).
+The gRPC methods have their own table beside their handlers (`v2_grpc.RPCS`).
 
 `ROUTES` is the one declaration of the HTTP paths. Everything else is derived from it: the Ingress's dispatch
-(`Routes.http`, exact paths and templates alike), the V2 path matching (`Routes.v2`, read by app/protocol/v2's
-`match_v2_path`) and the OpenAPI document's `paths` (app/http/openapi.py, from each entry's `doc`). A path is literal
-or a template in the grammar of app/protocol/paths.py (`v2.MODEL_PATH`: a model's name and optional version). Adding
+(`Routes.http`, exact paths and templates alike), the V2 path matching (`Routes.v2`, read by the V2 protocol's
+`match_v2_path`) and the OpenAPI document's `paths` (`build_openapi`, from each entry's `doc`). A path is literal
+or a template in the grammar of `PathTemplate` (`v2.MODEL_PATH`: a model's name and optional version). Adding
 an endpoint is one handler (a method of one of the Router's parts: V1, V2, RolloutAPI, Docs) and one entry here;
-`route_table` binds each entry's handler to the part that defines it (app/http/assembly.py, once per replica).
+`route_table` binds each entry's handler to the part that defines it (by the Router's assembly, once per replica).
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ class Routes:
 
     table: tuple[Route, ...]  # as declared, each handler bound
     http: PathTable[Route]  # every path but V2's: v1, rollout, docs, health
-    v2: PathTable[Route]  # under /v2 (app/protocol/v2's match_v2_path)
+    v2: PathTable[Route]  # under /v2 (the V2 protocol's match_v2_path)
 
 
 def route_table(v1: V1, v2: V2, rollout: RolloutAPI, docs: Docs, table: Sequence[Route] = ROUTES) -> Routes:

@@ -56,7 +56,7 @@ class V2DataPlane:
         return v2.model_metadata(model, [v2.DEFAULT_VERSION], spec, spec.get("classes"))
 
     async def config(self, model: str, version: str | None) -> dict[str, Any]:
-        """Triton's model configuration of one V2 model (app/protocol/v2/triton_config.py); the A/B model's is its
+        """Triton's model configuration of one V2 model (`triton_config.model_config`); the A/B model's is its
         first variant's."""
         variant = self.pin(model, version) or self.variants[0]
         spec = await self.pipeline.specs.spec(variant)
@@ -152,7 +152,7 @@ class V2DataPlane:
         timings = {**outcome.timings(), "total": ms(done - t0)}
         stats = self.pipeline.evidence.stats
         stats.record_request(outcome.variant, timings["total"], ok=True)
-        stats.models.success(  # app/pipeline/inferstats.py says how the timings map
+        stats.models.success(  # the statistics' module says how the timings map
             model,
             req.batch_size,
             int(time.time() * 1000),

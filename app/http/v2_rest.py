@@ -39,7 +39,7 @@ class V2:
         self.parsers = parsers
 
     async def dispatch(self, request: Request, path: str, routes: PathTable[Route]) -> Response:
-        """A /v2 request to the handler of its route (app/http/routes.py), errors in the protocol's shape."""
+        """A /v2 request to the handler of its route in the table, errors in the protocol's shape."""
         t0, name, params = time.perf_counter(), "", Params()
         try:
             matched = v2.match_v2_path(request.method, path, routes)

@@ -93,9 +93,9 @@ def compare_top(primary: list[tuple[int, float]], shadow: list[tuple[int, float]
 class ABStats:
     variants: dict[str, VariantStats] = field(default_factory=dict)
     pairs: dict[str, PairStats] = field(default_factory=dict)  # key "a|b", names sorted
-    # Triton's per-model statistics ride along to the ledger (app/pipeline/inferstats.py); not part of `summary`.
+    # Triton's per-model statistics ride along to the ledger (`ModelStatsTable`); not part of `summary`.
     models: ModelStatsTable = field(default_factory=ModelStatsTable)
-    # A cascade's evidence (app/pipeline/cascade_rule.py): "first>then" -> first's margin against agreement with then.
+    # A cascade's evidence (`MarginEvidence`): "first>then" -> first's margin against agreement with then.
     margins: dict[str, MarginEvidence] = field(default_factory=dict)
 
     def record_request(self, variant: str, latency_ms: float, ok: bool) -> None:

@@ -7,7 +7,7 @@ margin, and sends the rows below the threshold to `then` in one call on the pixe
 mid-call), the images keep `first`'s answers and the reply says the escalation failed: a cascade
 never turns a servable request into an error.
 
-The threshold is fixed, or (`margin: auto`) fitted by app/pipeline/cascade_rule.py from the A/B shadows'
+The threshold is fixed, or (`margin: auto`) fitted by the cascade's rule (`fit_threshold`) from the A/B shadows'
 comparisons of `first` with `then`, which every Router ships to the ledger; each Router refits from
 the ledger's merged evidence about once a second (`Cascades.refit`).
 """

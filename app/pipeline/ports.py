@@ -1,5 +1,5 @@
 """What the pipeline needs from the world outside it, as Protocols (Serve's handles satisfy them in
-app/serve/handles.py)."""
+Serve's handles)."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ class Pipeline:
         after_flush: Callable[[], Awaitable[None]] | None = None,
         transform: Transform | None = None,
     ) -> None:
-        """Every part assembled here, once. capture: the cascades' calibration capture (app/pipeline/capture.py);
+        """Every part assembled here, once. capture: the cascades' calibration capture;
         after_flush: run about once a second after the A/B evidence goes to the ledger (the Router's rollout poll);
         transform: the model's, known at construction (every variant's: they take the same input), else None: asked of
         the first Classifier that serves a request (`transform`)."""

@@ -1,4 +1,4 @@
-"""The typed application builder, which Serve reaches as `import_path: app.main:build_app` (app/main.py).
+"""The typed application builder, which Serve reaches as `import_path: app.main:build_app`.
 
 No `from __future__ import annotations` here: Serve inspects the builder's
 parameter annotation at run time to validate `args` with the pydantic model.

@@ -155,7 +155,7 @@ class Classifier:
             started = time.perf_counter()
             x, picks = decoder.engine_input(items, decoded, batch, model.io.transform.shape)
             # Engines release the GIL; running them off the event loop keeps requests flowing into the queue. With CUDA
-            # graphs the engine's own slot threads run the batch: its graphs live on them (app/runtime/graphs.py).
+            # graphs the engine's own slot threads run the batch: its graphs live on them.
             executor = model.engine.executor or self._executor
             n = len(x)
             loop = asyncio.get_running_loop()

@@ -46,7 +46,7 @@ class ABLedger:
     def __init__(self) -> None:
         self.stats = ABStats()
         self.since = time.time()
-        self.rollout = RolloutBoard()  # where the rollout controller's weights meet the Routers (app/rollout/board.py)
+        self.rollout = RolloutBoard()  # where the rollout controller's weights meet the Routers (`RolloutBoard`)
 
     def add(self, delta: ABStats) -> None:
         self.stats.merge(delta)
@@ -67,7 +67,7 @@ class ABLedger:
 
     def margins(self) -> dict[str, dict[str, list[int]]]:
         """The cascades' evidence, merged over every Router ("first>then" -> counts by margin): each Router fits
-        its `margin: auto` thresholds from it (app/pipeline/cascade_stage.py)."""
+        its `margin: auto` thresholds from it (`Cascades`)."""
         return {k: m.to_dict() for k, m in self.stats.margins.items()}
 
     def reset(self) -> dict[str, Any]:
@@ -82,7 +82,7 @@ class ABLedger:
 
 @serve.deployment(name="RolloutController", num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=16)
 class RolloutController:
-    """The canary ramp (app/rollout/controller.py) ticking once a second; its state in Ray's internal KV."""
+    """The canary ramp (`RolloutService`) ticking once a second; its state in Ray's internal KV."""
 
     async def __init__(self, ledger: DeploymentHandle, variants: list[str]) -> None:  # type: ignore[misc]
         app = serve.get_replica_context().app_name
@@ -133,7 +133,7 @@ def answers_rpcs(cls: type[Router]) -> type[Router]:
 @serve.deployment(name="Router", ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=256)
 @answers_rpcs
 class Router:
-    """HTTP ingress: app/http's v1 and V2 handlers over one app/pipeline Pipeline, on Serve's handles."""
+    """HTTP and gRPC ingress: the v1 and V2 handlers over one Pipeline, on Serve's handles."""
 
     def __init__(
         self,

@@ -1,5 +1,5 @@
 """The device mode of `decode_in: gpu` (the Classifier's BatchDecoder): a Classifier replica's batch decoded into ONE
-pooled `DeviceBatch` (app/runtime/device_batch.py), the engine's input buffer, which the engine reads in place
+pooled `DeviceBatch`, the engine's input buffer, which the engine reads in place
 (`OrtEngine.run_device`), so that the model's pixels never cross to the host, only the logits do.
 
 Chosen once per engine, at start: `open_device_batches` opens the pool only for an ONNX Runtime engine whose input

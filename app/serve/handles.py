@@ -1,4 +1,4 @@
-"""Serve's deployment handles as the pipeline's Backend (app/pipeline/ports.py), and Ray's failures in its terms."""
+"""Serve's deployment handles as the pipeline's Backend, and Ray's failures in its terms."""
 
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ class ServeBackend:
 
 
 class RolloutPorts:
-    """The rollout controller's I/O (app/rollout/controller.py's Ports): the ledger's board and snapshot, and its
+    """The rollout controller's I/O (its `Ports`): the ledger's board and snapshot, and its
     state in Ray's internal KV, which lives in the GCS (kept in Redis with GCS fault tolerance), so a restarted
     controller replica, or a restarted head, finds it."""
 

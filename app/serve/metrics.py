@@ -106,7 +106,7 @@ class RouterMetrics:
         self.held = HeldGauges()
         name_model(self, model)
 
-    # The HTTP layer's Metrics (app/http/ports.py), with the pipeline's below.
+    # The HTTP layer's Metrics port, with the pipeline's below.
     def entry_error(self, endpoint: str, code: str) -> None:
         self.errors.inc(tags={"endpoint": endpoint, "code": code})
 
@@ -127,7 +127,7 @@ class RouterMetrics:
         if without:
             self.without_front.inc(without)
 
-    # The pipeline's PipelineMetrics (app/pipeline/ports.py).
+    # The pipeline's PipelineMetrics port.
     def cascade_images(self, cascade: str, outcome: str, n: int) -> None:
         self.cascade.inc(n, tags={"cascade": cascade, "outcome": outcome})
 
@@ -289,7 +289,7 @@ ROLLOUT_STATES = ("idle", "running", "promoted", "rolled_back", "aborted")
 
 class RolloutMetrics:
     """The rollout controller's gauges: state (its index in ROLLOUT_STATES), step, the candidate's weight, and the
-    agreement bounds of the latest tick (app/rollout/bounds.py)."""
+    agreement bounds of the latest tick."""
 
     def __init__(self) -> None:
         self.state = Gauge("app_rollout_state", description="0 idle, 1 running, 2 promoted, 3 rolled_back, 4 aborted")
