@@ -15,9 +15,9 @@ from pathlib import Path
 APP = Path(__file__).resolve().parent.parent / "app"
 PATH = re.compile(r"\bapp/[\w/]+(?:\.py)?")
 ON_THE_REQUEST_PATH = ("http", "pipeline", "serve")
-LEFT_ELSEWHERE = 118  # the count elsewhere when this test was written: lower it as prose is rewritten, never raise it
+LEFT_ELSEWHERE = 105  # the count elsewhere when this test was written: lower it as prose is rewritten, never raise it
 LONG_DOCSTRING = 15  # lines: a module's docstring says what and why; the rest is docs/'s
-LONG_LEFT = 31  # module docstrings longer than that when this test was written: only ever fewer
+LONG_LEFT = 29  # module docstrings longer than that when this test was written: only ever fewer
 
 
 def prose(source: str) -> list[str]:

@@ -1,39 +1,16 @@
 """Image bytes -> the model's uint8 pixels [H, W, C]. Pure OpenCV and numpy; no Ray.
 
-The server's Preprocessor and the INT8 calibration reader both call
-`preprocess` with the model's declared transform (app/imaging/transform.py), so the
-model is calibrated on exactly what it will be served.
+Every decode of the service calls `preprocess` with the model's declared transform (the Preprocessor, the Router with
+`decode_in: router`, batch scoring) and so does the INT8 calibration, so a model is calibrated on what it is served.
+The contract: for any input bytes, a uint8 array of the transform's shape or `ImageInputError`; any other exception
+is a bug in this service (a 500 internal_error), never a verdict on the input.
 
-The contract: for *any* input bytes, `preprocess` returns a uint8 array of
-the transform's shape or raises `ImageInputError`. An exception of any other
-type is a bug in this service (the HTTP layer answers it with 500
-internal_error), never a verdict on the input, so only the failures that input
-bytes can cause are translated here.
-
-Defences, in order:
-1. `probe_dimensions` (app/imaging/probe.py) reads the format and size from the header (PNG IHDR,
-   JPEG SOFn incl. progressive, GIF screen descriptor, BMP info header, WebP
-   VP8/VP8L/VP8X, TIFF IFD0) and the pixel limit is applied before the decoder
-   runs, so a decompression bomb costs microseconds and allocates nothing.
-   Bytes that are none of JPEG, PNG, GIF, BMP, WebP or TIFF are refused as
-   undecodable without reaching a decoder (OpenCV would also try PNM, HDR,
-   PFM, Sun raster, JPEG 2000, AVIF...: attack surface we do not need).
-2. Structural checks a decoder needs but does not do safely itself (PNG chunk
-   lengths: see `png_chunks_fit`, app/imaging/probe.py).
-3. OPENCV_IO_MAX_IMAGE_PIXELS (set by app/imaging/opencv.py): OpenCV's own header check, a second line in
-   case the probe and the decoder ever disagree about a header.
-4. The decoded shape is checked against the limit again.
-5. A decode budget: from the header, `estimate_decode_bytes` (app/imaging/decode_cost.py) works out what decoding and
-   converting the image will cost in memory (the decoder's result, its own buffers, the copy
-   OpenCV's Python binding makes, the conversion to uint8) and the image is refused before the
-   decoder runs when that exceeds `max_decode_bytes` (413 decode_budget_exceeded). Pixels alone do
-   not bound it: a 40 MP float32 RGBA TIFF is 16x the bytes of a 40 MP greyscale one.
-6. Layouts OpenCV decodes wrongly are refused from the header (415 unsupported_image): TIFFs
-   stored one colour plane at a time with samples wider than 8 bits, which OpenCV reads as if
-   interleaved, filling the rest from uninitialised memory (different answers on identical requests).
-
-Conversion to uint8 (16-bit, float, alpha; app/imaging/convert.py) goes a band of rows at a time into one uint8 result,
-so it costs the output plus a few MiB, not several full-size float copies.
+The defences, in order (the reliability page says what each refuses, measured): the header read for format and size
+before any decoder runs (`check_header`: a bomb costs microseconds and allocates nothing); only JPEG, PNG, GIF, BMP,
+WebP and TIFF reach a decoder; the structure decoders do not check safely (PNG chunk lengths); OpenCV's own pixel
+limit as a second line; the decoded shape checked again; a decode budget estimated from the header
+(`estimate_decode_bytes`: pixels alone do not bound the memory); layouts OpenCV decodes wrongly refused from the
+header. The conversion to uint8 goes a band of rows at a time: the output plus a few MiB, not full-size float copies.
 """
 
 from __future__ import annotations
