@@ -44,7 +44,7 @@ STATUS: dict[str, int] = {
     "invalid_parameter": 422,
     "unknown_variant": 422,
     # 429: one client (X-User-Id, or its address) has the admission front's max_per_client requests in flight
-    # already (answered by HAProxy, app/front/haproxy_config.py, always with Retry-After)
+    # already (answered by HAProxy, `app.front.haproxy_config`, always with Retry-After)
     "too_many_requests": 429,
     # 503: try again later (always with Retry-After)
     "overloaded": 503,

@@ -7,5 +7,5 @@ sizing.py      the actor pool: how many actors, what each asks for, from the clu
 pipeline.py    the Dataset: source -> decode tasks -> scoring actors; `score` writes it as Parquet and sums it up
 evaluation.py  accuracy per variant on a labelled tree, agreement with the baseline, the per-class drop; its report
 
-Its command line is `python -m app.batch score|evaluate` (app/batch/cli.py).
+Its command line is `python -m app.batch score|evaluate` (`app.batch.cli`).
 """

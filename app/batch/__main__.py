@@ -1,4 +1,4 @@
-"""`python -m app.batch score|evaluate ...`: a thin face; the command line is app/batch/cli.py."""
+"""`python -m app.batch score|evaluate ...`: a thin face; the command line is `app.batch.cli`."""
 
 import sys
 

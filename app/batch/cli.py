@@ -3,7 +3,7 @@
 python -m app.batch evaluate CONFIG --input DIR [--variants ...] [--min-accuracy-drop X] [--json PATH] [--markdown PATH]
 
 Score an image collection, or evaluate a labelled one, with a Serve config's model declaration, limits and engines on
-Ray Data (app/batch/): decode in CPU tasks with the Preprocessor's code, the variants in an actor pool on each node's
+Ray Data (`app.batch`): decode in CPU tasks with the Preprocessor's code, the variants in an actor pool on each node's
 engine. Runs on the cluster at RAY_ADDRESS, else on a Ray started here (`ray.init()`).
 
 `score` writes Parquet under --output (one row per image and variant; a file that cannot be used is a row with the

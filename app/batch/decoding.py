@@ -1,6 +1,6 @@
 """Image files -> the model's pixels, in Ray Data's CPU tasks, with the serving path's own code: the Preprocessor's
 `preprocess`, whose first step is the Router's header pre-check (`check_header`), under the config's Limits. A file that
-cannot be used is a row with the error code `/v1/classify` answers for it (app/errors.py), never a failed task.
+cannot be used is a row with the error code `/v1/classify` answers for it (`app.errors`), never a failed task.
 
 No Ray here: `decode_batch` is a plain function over a batch of paths (Ray Data calls it in its tasks)."""
 

@@ -80,7 +80,7 @@ def store_budget(job: Job, transform: dict[str, Any]) -> int:
 
 
 def scored(listed: Listed, job: Job) -> ray.data.Dataset:
-    """The lazy Dataset of output rows (app/batch/scoring.py SCHEMA)."""
+    """The lazy Dataset of output rows (`app.batch.scoring` SCHEMA)."""
     transform = model_transform(job)
     ctx = ray.data.DataContext.get_current()  # the Dataset takes the driver's context when it is made, below
     limits = ctx.execution_options.resource_limits
@@ -119,7 +119,7 @@ def scored(listed: Listed, job: Job) -> ray.data.Dataset:
 
 
 def score(listed: Listed, job: Job, output: str) -> dict[str, Any]:
-    """Score every listed image with every variant into Parquet under `output` (app/batch/output.py: written here,
+    """Score every listed image with every variant into Parquet under `output` (`app.batch.output`: written here,
     on the driver, as the scored blocks arrive); the summary."""
     started = time.perf_counter()
     first: float | None = None  # when the first scored rows arrived: the Dataset's and the pool's start

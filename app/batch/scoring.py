@@ -1,5 +1,5 @@
 """The variants' engines in a Ray Data actor: each opened and gated as a Classifier replica of one parallel batch opens
-and gates its own (app/runtime/open_variant.py: the declaration checked against the graph, `runtime_options` and the
+and gates its own (`app.runtime.open_variant`: the declaration checked against the graph, `runtime_options` and the
 declared fallback, `open_engine`, the engine prepared for the batch size; then the speed gate), so a node runs here
 what it would serve: TensorRT or CUDA where the actor was granted a GPU, OpenVINO or ONNX Runtime's CPU EP on a CPU.
 One output row per image and variant."""

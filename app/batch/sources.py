@@ -1,6 +1,6 @@
 """Where the images are: a directory tree (recursive, image suffixes only) or a Parquet/CSV file with a `path` column,
 on any filesystem pyarrow reaches (local paths, s3://, gs://, hdfs://, ...). Only the paths are listed here; the bytes
-are read in the decode tasks (app/batch/decoding.py)."""
+are read in the decode tasks (`app.batch.decoding`)."""
 
 from __future__ import annotations
 

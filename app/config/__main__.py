@@ -1,4 +1,4 @@
-"""`python -m app.config CONFIG...`: a thin face; the command line is app/config/cli.py."""
+"""`python -m app.config CONFIG...`: a thin face; the command line is `app.config.cli`."""
 
 from app.config.cli import main
 

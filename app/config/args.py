@@ -1,6 +1,6 @@
 """`AppArgs`: the arguments of `app.main:build_app` (the `args:` block of a Serve config), and the variants,
 TensorRT builds and speed gate it holds: settings and their validation. What turns them into engine options and
-speed gates is app/runtime/variants.py; the check of the declaration against the model files, app/served_model/check.py.
+speed gates is `app.runtime.variants`; the check of the declaration against the model files, `app.served_model.check`.
 
 Build arguments fix what the app is made of: the variants and their model files, the device policy, the input
 limits. They change only with a redeploy that restarts replicas. The models it holds that have a module of their

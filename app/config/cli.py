@@ -1,4 +1,4 @@
-"""`python -m app.config FILE...` (its face: app/config/__main__.py): check Serve config files and serve.env the way a
+"""`python -m app.config FILE...` (its face: `app.config.__main__`): check Serve config files and serve.env the way a
 deploy would, without deploying: each config validated as a whole (`validate_serve_config`) and its model declaration
 checked against the model files on this machine."""
 

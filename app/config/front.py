@@ -1,6 +1,6 @@
 """`FrontArgs` (`args.front`): the admission front's limits, as the app config declares them.
 
-The front itself (HAProxy and `app-haproxy`) is app/front/, which reads these settings (`app.front.declared`);
+The front itself (HAProxy and `app-haproxy`) is `app.front`, which reads these settings (`app.front.declared`);
 here they are validated with the rest of the app's args.
 """
 
@@ -12,7 +12,7 @@ from app.config.base import _Strict
 
 
 class FrontArgs(_Strict):
-    """The admission front (app/front/): what HAProxy does before a request reaches a Router. Delivered to HAProxy
+    """The admission front (`app.front`): what HAProxy does before a request reaches a Router. Delivered to HAProxy
     as APP_FRONT_* variables by `make serve`, the tests, the benchmarks and the RayService renderer (`python -m
     app.front env CONFIG` for any other launcher); each Router checks that its requests came through a front
     with these limits (/v1/models)."""

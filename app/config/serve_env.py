@@ -1,5 +1,5 @@
 """`configs/serve.env`: its reader (`read_serve_env`, `parse_serve_env`). What makes it private to one Serve instance
-on this machine (its own ports and HAProxy files, and the admission front's limits) is app/front/instance.py."""
+on this machine (its own ports and HAProxy files, and the admission front's limits) is `app.front.instance`."""
 
 from __future__ import annotations
 

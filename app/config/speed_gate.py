@@ -1,5 +1,5 @@
-"""The speed gate's verdict on one variant: the one record of it, judged by app/runtime/measure.py (`judge`),
-reported in GET /v1/models (`speed_gate`) and typed there by app/protocol/v1.py, whose schema it is as it stands.
+"""The speed gate's verdict on one variant: the one record of it, judged by `app.runtime.measure` (`judge`),
+reported in GET /v1/models (`speed_gate`) and typed there by `app.protocol.v1`, whose schema it is as it stands.
 
 It lives here, beside the gate's settings (`SpeedGateArgs`), because this is the lowest package both the engines and
 the protocol import: app.protocol importing app.runtime would load ONNX Runtime into the Router.

@@ -1,4 +1,4 @@
-"""`python -m app.front env|status ...`: a thin face; the command line is app/front/cli.py."""
+"""`python -m app.front env|status ...`: a thin face; the command line is `app.front.cli`."""
 
 import sys
 

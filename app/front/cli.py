@@ -1,5 +1,5 @@
 """`python -m app.front env CONFIG [APPLICATION]` (the front's variables from a config) and `status URL` (whether the
-front is in place before the app at URL); its face is app/front/__main__.py."""
+front is in place before the app at URL); its face is `app.front.__main__`."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ def real_haproxy() -> str:
 
 
 def front_binary() -> str | None:
-    """`app-haproxy` (the admission front, app/front/) of this Python's environment, if installed."""
+    """`app-haproxy` (the admission front, `app.front`) of this Python's environment, if installed."""
     return shutil.which("app-haproxy", path=str(Path(sys.executable).parent))
 
 

@@ -1,9 +1,9 @@
 """What decoding one image costs in memory, estimated from its header before any decoder runs
 (`estimate_decode_bytes`), and the refusal of an image over the limit (`check_decode_budget`: 413
-decode_budget_exceeded). The estimate follows the decode app/imaging/preprocess.py does: the JPEG
+decode_budget_exceeded). The estimate follows the decode `app.imaging.preprocess` does: the JPEG
 reduced decode it picks (`reduced_decode_flag`), OpenCV's copies, the conversion to uint8.
 
-This is the limit on one image; app/imaging/decode_budget.py bounds what a replica's decodes hold at once,
+This is the limit on one image; `app.imaging.decode_budget` bounds what a replica's decodes hold at once,
 in reservations of these estimates.
 """
 

@@ -1,10 +1,10 @@
 """A batch's JPEGs decoded on the GPU in one call, everything else (and whatever the GPU declines) by the CPU path.
 
 `decode_in: gpu`: a Classifier's batch goes through `BatchDecode`. Every image first passes `check_header` (the pixel
-limit and the decode budget, app/imaging/preprocess.py): a refused image never reaches the device. The JPEGs the device
-takes go to the injected `DeviceDecoder` in ONE call (app/imaging/nvimgcodec_decoder.py: nvImageCodec's hardware
+limit and the decode budget, `app.imaging.preprocess`): a refused image never reaches the device. The JPEGs the device
+takes go to the injected `DeviceDecoder` in ONE call (`app.imaging.nvimgcodec_decoder`: nvImageCodec's hardware
 decoder, then its hybrid CUDA decoder); the rest go to `preprocess`, so the CPU path's pixels, errors and status codes
-come out unchanged. Which images the CPU path takes (`cpu_reason`), from what the probe (app/imaging/probe.py) reads:
+come out unchanged. Which images the CPU path takes (`cpu_reason`), from what the probe (`app.imaging.probe`) reads:
   not a JPEG                  nvImageCodec's GPU decoders here decode JPEG only;
   4 components (CMYK, YCCK)   decoded as OpenCV decodes them, so the model sees the colours it was calibrated on;
   more than 8 bits            12-bit JPEGs: OpenCV's 16-bit result, converted as the CPU path converts it;

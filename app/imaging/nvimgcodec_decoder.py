@@ -1,4 +1,4 @@
-"""nvImageCodec as the `DeviceDecoder` of app/imaging/gpu_decode.py: hardware JPEG decoder first, then hybrid CUDA.
+"""nvImageCodec as the `DeviceDecoder` of `app.imaging.gpu_decode`: hardware JPEG decoder first, then hybrid CUDA.
 
 Needs a CUDA device and the `nvidia-nvimgcodec-cu12` (or -cu13) wheel, which provides `nvidia.nvimgcodec`; imported
 when a decoder is built, so this module imports anywhere. Nothing here runs in CI (see tests/test_gpu_decode_unit.py).
@@ -6,7 +6,7 @@ when a decoder is built, so this module imports anywhere. Nothing here runs in C
 The API calls, as NVIDIA/nvImageCodec (v0.7.0 .. v0.8.0 and main, 2026-04) defines them:
   nvimgcodec.Decoder(device_id=, max_num_cpu_threads=, backends=, options=)      python/decoder.cpp (the py::init)
       max_num_cpu_threads: the threads of its default executor; 0 would mean every core of the node, so the
-      replica's CPUs (`slots_for`, app/imaging/decode_budget.py) are passed instead.
+      replica's CPUs (`slots_for`, `app.imaging.decode_budget`) are passed instead.
   nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY | HYBRID_CPU_GPU)        python/backend.cpp, backend_kind.cpp
       HW_GPU_ONLY is nvjpeg_hw_decoder (extensions/nvjpeg/hw_decoder.cpp), HYBRID_CPU_GPU nvjpeg_cuda_decoder
       (extensions/nvjpeg/cuda_decoder.cpp): two decoders, one backend each, so each image's backend is known (an

@@ -1,7 +1,7 @@
 """OpenCV, loaded once with the service's settings in force: import cv2 from here, never directly, in app/.
 
-OpenCV's own pixel guard is a second line behind the header probe (app/imaging/probe.py, applied by
-app/imaging/preprocess.py). OpenCV reads it in a static initializer when its library loads, i.e. at the first
+OpenCV's own pixel guard is a second line behind the header probe (`app.imaging.probe`, applied by
+`app.imaging.preprocess`). OpenCV reads it in a static initializer when its library loads, i.e. at the first
 `import cv2` anywhere in the process, so it is set just before that import; `opencv_pixel_guard_active` checks
 that it took (a warning at import if not). `OPENCV_MAX_PIXELS` and `OPENCV_MAX_SIDE` are the limits OpenCV
 itself enforces, as the environment sets them.

@@ -38,7 +38,7 @@ class Scores:
 @dataclass
 class Encoded:
     """What the Router hands a Classifier with `decode_in: gpu`: the encoded images of a request (or of a group the
-    Router coalesced), header-checked at the Router, decoded in the Classifier's batch (app/runtime/gpu_pixels.py).
+    Router coalesced), header-checked at the Router, decoded in the Classifier's batch (`app.runtime.gpu_pixels`).
 
     `wall_deadline`: when the caller stops waiting, as `time.time()`; an image not decoded by then is not started."""
 

@@ -1,10 +1,10 @@
 """A host stand-in for the GPU's JPEG decoder: `decode_in: gpu`'s whole path on a machine without a CUDA device.
 
-nvImageCodec cannot decode anything without one (app/imaging/nvimgcodec_decoder.py), so CI and a laptop run the
-Classifier's GPU decode path (app/runtime/gpu_pixels.py: the batch, the per-image CPU fallback, the counts, the
+nvImageCodec cannot decode anything without one (`app.imaging.nvimgcodec_decoder`), so CI and a laptop run the
+Classifier's GPU decode path (`app.runtime.gpu_pixels`: the batch, the per-image CPU fallback, the counts, the
 transform graph) with this `DeviceDecoder` instead: OpenCV decodes each JPEG at full size into RGB host memory, as
 nvImageCodec decodes into device memory, and every image it decodes is counted as the hardware decoder's. Chosen only
-by the environment variable APP_GPU_DECODER=standin in the Classifier's process (app/runtime/cuda_transform.py), never
+by the environment variable APP_GPU_DECODER=standin in the Classifier's process (`app.runtime.cuda_transform`), never
 by a config key: it is a test seam, not a way to serve.
 """
 

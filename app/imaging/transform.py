@@ -2,7 +2,7 @@
 
 The geometry of a model's evaluation transform (`model.preprocess` in the config, the model's declaration) with the
 graph's input size; the arithmetic (scale, mean, std), layout and dtype are folded into the graph instead
-(app/served_model/prologue.py), so what travels from the Preprocessor to the Classifier stays uint8 [N, H, W, C].
+(`app.served_model.prologue`), so what travels from the Preprocessor to the Classifier stays uint8 [N, H, W, C].
 
 Shorter side, then centre crop, computes what torchvision's `Resize(s)` then `CenterCrop((h, w))` compute: the
 longer side becomes int(s * long / short), the crop starts at int(round((side - crop) / 2)). An image whose

@@ -1,4 +1,4 @@
-"""`python -m app.models ...`: a thin face; the command line is app/models/cli.py."""
+"""`python -m app.models ...`: a thin face; the command line is `app.models.cli`."""
 
 import sys
 

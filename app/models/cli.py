@@ -1,4 +1,4 @@
-"""`python -m app.models {build,quantize,report}` (its face: app/models/__main__.py); see app/toolchain/."""
+"""`python -m app.models {build,quantize,report}` (its face: `app.models.__main__`); see `app.toolchain`."""
 
 from __future__ import annotations
 

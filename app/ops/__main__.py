@@ -1,4 +1,4 @@
-"""`python -m app.ops capacity CONFIG ...`: a thin face; the command is app/ops/capacity.py. The other tools here run
+"""`python -m app.ops capacity CONFIG ...`: a thin face; the command is `app.ops.capacity`. The other tools here run
 as modules of their own (`python -m app.ops.k8s`, `app.ops.panels`, `app.ops.config_reference`, `app.ops.proto_gen`)."""
 
 import sys

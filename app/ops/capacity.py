@@ -5,7 +5,7 @@ How many Preprocessor replicas (CPU cores) one GPU's Classifier engine needs for
 on the CPU (`decode_in: preprocessor`, or `router`: the same work in another process) and with `decode_in: gpu`.
 
 What it measures here, with the app's own code and no Ray:
-- one Preprocessor core: `preprocess` (app/imaging/preprocess.py) with the model's declared transform over the mix's
+- one Preprocessor core: `preprocess` (`app.imaging.preprocess`) with the model's declared transform over the mix's
   images, CPU-ms per image (the process's CPU time: what a core spends, whatever else shares the machine);
 - `decode_in: gpu`: per image only `check_header` on the CPU, plus the images the GPU path declines
   (`app.imaging.gpu_decode.cpu_reason`: not a JPEG, progressive, CMYK, ...), counted on the mix, which the CPU path
@@ -53,7 +53,7 @@ from app.served_model.model_io import transform_of
 DEFAULT_MIX = "640x480:0.7,1080p:0.3"
 NAMED_SIZES = {"480p": (640, 480), "720p": (1280, 720), "1080p": (1920, 1080), "4k": (3840, 2160)}
 JPEG_QUALITY = 90
-# app/imaging/nvimgcodec_decoder.py preallocates for max_width x max_height (4096 each, its default): larger
+# `app.imaging.nvimgcodec_decoder` preallocates for max_width x max_height (4096 each, its default): larger
 # JPEGs take the CPU path.
 GPU_MAX_PIXELS = 4096 * 4096
 BUILTIN_INPUT = 224  # the built-in model's input side, assumed where the config's model file is not on this machine

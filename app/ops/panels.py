@@ -15,7 +15,7 @@ from typing import Any
 
 GRAFANA = Path(__file__).resolve().parents[2] / "k8s" / "monitoring" / "grafana-dashboard.json"
 APP = 'application=~"$application"'  # the rollout's and Serve's own metrics carry no model tag
-MODEL = APP + ', model=~"$model"'  # the app's metrics carry the declared model's name (app/serve/metrics.py)
+MODEL = APP + ', model=~"$model"'  # the app's metrics carry the declared model's name (`app.serve.metrics`)
 SEL = "{" + MODEL + ', variant=~"$variant"}'
 
 

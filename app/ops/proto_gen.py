@@ -1,5 +1,5 @@
 """The Open Inference Protocol's gRPC messages and servicer, generated under the app's own package
-(app/protocol/v2/pb/), so that every class pickles by reference: Serve's Python gRPC proxy pickles each request to
+(`app.protocol.v2.pb`), so that every class pickles by reference: Serve's Python gRPC proxy pickles each request to
 hand it to a replica, and tritonclient's generated classes name a module that cannot be imported (`grpc_service_pb2`).
 
     python -m app.ops.proto_gen                                   # rewrite app/protocol/v2/pb/*_pb2*.py
@@ -16,7 +16,7 @@ package rather than source copied from elsewhere. protoc is grpcio-tools' (pinne
 writes code that protobuf>=6.31.1 runs, as Ray 2.60 and tritonclient 2.73 need anyway).
 
 The rewrite after protoc: imports go to the package path, the classes' module is the package path, and the
-descriptors go to a pool of their own (app/protocol/v2/pb/__init__.py), so a process that also imports
+descriptors go to a pool of their own (`app.protocol.v2.pb.__init__`), so a process that also imports
 tritonclient's generated module, of any version, holds both without a clash in protobuf's default pool.
 """
 

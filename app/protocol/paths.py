@@ -2,8 +2,8 @@
 
 A path is literal (`/v1/classify`) or a template: `{name}` is one path segment (non-empty, no `/`), `[...]` an
 optional part, as in the V2 model paths `/v2/models/{model}[/versions/{version}]/infer`. A parameter of an absent
-optional part reads "". The route table (app/http/routes.py) declares every path in this grammar; `PathTable`
-is the lookup the Ingress dispatches on and V2's path matching (app/protocol/v2/names.py) reads, and `expand`
+optional part reads "". The route table (`app.http.routes`) declares every path in this grammar; `PathTable`
+is the lookup the Ingress dispatches on and V2's path matching (`app.protocol.v2.names`) reads, and `expand`
 gives the OpenAPI paths of a template.
 """
 

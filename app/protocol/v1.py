@@ -1,6 +1,6 @@
-"""The v1 response bodies as typed models: the source of the OpenAPI document's schemas (app/http/openapi.py).
+"""The v1 response bodies as typed models: the source of the OpenAPI document's schemas (`app.http.openapi`).
 
-Pure: no Ray, no Starlette. The v1 handlers (app/http/v1.py) build the classification and health replies from
+Pure: no Ray, no Starlette. The v1 handlers (`app.http.v1`) build the classification and health replies from
 these models; the other bodies are built as dicts, and tests/test_openapi_live.py checks every real reply against
 the schemas made from the models.
 """

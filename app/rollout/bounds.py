@@ -1,6 +1,6 @@
 """Anytime-valid confidence bounds for a proportion: the beta-mixture confidence sequence.
 
-Why not the Wilson interval (app/pipeline/abstats.py): it covers the true p with 95% probability at one sample size
+Why not the Wilson interval (`app.pipeline.abstats`): it covers the true p with 95% probability at one sample size
 fixed in advance. A rollout re-reads the evidence every second and acts the first time the interval clears the
 threshold; the chance that a fixed-n interval misses p at *some* look grows towards 1 with the number of looks
 (law of the iterated logarithm). Re-checked at every n up to 2,000, the Wilson interval misses p = 0.95 in half

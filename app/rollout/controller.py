@@ -1,10 +1,10 @@
 """The rollout controller's logic, over ports: start, tick about once a second, abort; persisted after every change.
 
-Pure asyncio with its I/O passed in (`Ports`), so it is tested without Ray; app/serve/deployments.py's
+Pure asyncio with its I/O passed in (`Ports`), so it is tested without Ray; `app.serve.deployments`'s
 RolloutController runs it on Serve's handles and Ray's internal KV (in the GCS: with GCS fault tolerance
 it survives a restart of the head, and a restarted controller replica resumes at the same step).
 
-Weights reach the Routers through the ledger's board (app/rollout/board.py): every tick pushes the override
+Weights reach the Routers through the ledger's board (`app.rollout.board`): every tick pushes the override
 (the step's weights, and a floor under the shadow fraction so the step can collect `min_samples` comparisons
 in about `step_min_s`), so a restarted ledger has it again within a second. A promoted or rolled-back rollout
 leaves its final weights in force until the Routers' user_config is deployed again (`user_config` in `get()`

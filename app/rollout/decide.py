@@ -1,12 +1,12 @@
 """The canary ramp's rules: `decide` advances, holds or rolls back one step on its evidence. The request is
-app/rollout/spec.py, the evidence app/rollout/evidence.py, the state machine that a controller ticks about once a
-second and persists between ticks app/rollout/state.py.
+`app.rollout.spec`, the evidence `app.rollout.evidence`, the state machine that a controller ticks about once a
+second and persists between ticks `app.rollout.state`.
 
 Evidence is per step: the controller passes the ledger's cumulative counts (`LedgerCounts`) and the Rollout
 subtracts the counts it saw when the step began, so each step is judged on traffic at its own weight only.
 
 The gates, and why each is safe to re-check every second:
-- agreement: the anytime-valid sequence of app/rollout/bounds.py. Advance needs its lower end >= min_agreement
+- agreement: the anytime-valid sequence of `app.rollout.bounds`. Advance needs its lower end >= min_agreement
   (and min_samples comparisons); rollback needs its upper end < min_agreement, at any n (it is valid at any n).
 - latency: advance needs the candidate's p99 <= max_p99_ratio x the baseline's (point estimates). Rollback needs
   the candidate's *lower* anytime bound on its p99 (an order statistic, `quantile_lower_rank`) above that limit,

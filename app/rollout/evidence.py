@@ -24,7 +24,7 @@ def _trim(counts: Iterable[int]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class VariantCounts:
-    """One variant's request and error counts and its latency histogram (app/pipeline/abstats.py's bins, of successful
+    """One variant's request and error counts and its latency histogram (`app.pipeline.abstats`'s bins, of successful
     requests only; trailing empty bins may be left out)."""
 
     requests: int = 0

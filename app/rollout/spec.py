@@ -1,4 +1,4 @@
-"""A rollout request (`RolloutSpec`) and the names of its states and decisions (app/rollout/decide.py has the rules)."""
+"""A rollout request (`RolloutSpec`) and the names of its states and decisions (`app.rollout.decide` has the rules)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Engines behind one small interface: the only serving package that imports onnxruntime or openvino.
 
-plan.py             which engine and providers a replica would use (pure; `python -m app.runtime plan`, app/ops/)
+plan.py             which engine and providers a replica would use (pure; `python -m app.runtime plan`, `app.ops`)
 variants.py         the app config's variants as engine options, their fallbacks and speed gates
 ort_engine.py       ONNX Runtime: TensorRT, CUDA and CPU execution providers, node placement
 graphs.py           CUDA graphs per batch-size bucket on device-resident buffers, a session and thread per slot
@@ -14,8 +14,8 @@ startup.py          a replica's start: the engine opened, warmed up, measured, g
 profiling.py        ONNX Runtime's profile of a run, summarised
 spec.py             the model's I/O as an engine sees it
 transform_graph.py  the model's declared transform as an ONNX graph (for images decoded on the GPU)
-(softmax and top-k: app/served_model/outputs.py, re-exported here; TensorRT engines built ahead of a rollout:
-app/runtime/prebuild.py, `python -m app.runtime build-engines`)
+(softmax and top-k: `app.served_model.outputs`, re-exported here; TensorRT engines built ahead of a rollout:
+`app.runtime.prebuild`, `python -m app.runtime build-engines`)
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`python -m app.runtime plan|build-engines ...`: a thin face; the command line is app/runtime/cli.py."""
+"""`python -m app.runtime plan|build-engines ...`: a thin face; the command line is `app.runtime.cli`."""
 
 import sys
 

@@ -13,7 +13,7 @@ would land on the CUDA EP without TensorRT, require_gpu on a node without a usab
 without a GPU, the CUDA EP or nvImageCodec).
 
 `build-engines` builds (or loads, when cached) the TensorRT engines of every GPU variant, and of each speed
-gate's baseline, into the engine cache exactly as the replicas would (app/runtime/prebuild.py), so a Job or
+gate's baseline, into the engine cache exactly as the replicas would (`app.runtime.prebuild`), so a Job or
 an init container fills a shared cache ahead of a rollout. Without TensorRT it exits 1 with one line;
 `--dry-run` prints the cache directories it would fill and builds nothing.
 """

@@ -3,7 +3,7 @@
 The decoded image never goes to host memory: its device pointer (`__cuda_array_interface__`, uint8 RGB HWC,
 contiguous) is bound as the transform graph's input (IOBinding.bind_input on 'cuda'). The model's pixels (uint8
 224x224x3 for the built-in model) are written by `into` straight into the engine's input buffer on the device (a row
-of app/runtime/device_batch.py's DeviceBatch: the device mode), or, in the host mode (`__call__`: a replica whose
+of `app.runtime.device_batch`'s DeviceBatch: the device mode), or, in the host mode (`__call__`: a replica whose
 engine cannot read that buffer), copied back to host memory for the engine's batch. The two libraries' GPU work is
 ordered by ONE CUDA stream: nvImageCodec decodes on it (`cuda_stream=`) and the transform session computes on it
 (the CUDA EP's `user_compute_stream`, onnxruntime PR #19229), so the graph cannot read a half-written image.
@@ -13,7 +13,7 @@ tests/test_gpu_pixels_unit.py checks that both get the same, non-zero stream (ON
 and would use its own).
 
 `open_gpu_pixels` builds the Classifier's GpuPixels: nvImageCodec + this on a GPU node; with APP_GPU_DECODER=standin
-in the replica's environment, the host stand-in (app/imaging/standin_decoder.py) + the transform graph on the CPU EP:
+in the replica's environment, the host stand-in (`app.imaging.standin_decoder`) + the transform graph on the CPU EP:
 the same batch logic, fallbacks and errors on a machine without a CUDA device (the tests' way; never for serving).
 """
 

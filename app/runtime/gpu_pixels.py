@@ -1,22 +1,22 @@
 """`decode_in: gpu`, the Classifier's half: the encoded images of one engine batch -> the model's pixels per request.
 
 The Router sends a Classifier encoded bytes (app.imaging.payloads.Encoded), header-checked there; every request of one
-engine batch is decoded by ONE `BatchDecode` call (app/imaging/gpu_decode.py: the limits again, then JPEGs to the
+engine batch is decoded by ONE `BatchDecode` call (`app.imaging.gpu_decode`: the limits again, then JPEGs to the
 device decoder, everything else and whatever the device declines to the CPU path). A device image then goes through
 the model's declared transform (`ImageTransform`: the transform graph on ORT's CUDA EP, fed by device pointer and
-ordered on the decoder's stream, app/runtime/cuda_transform.py); an image whose device transform fails takes the CPU
+ordered on the decoder's stream, `app.runtime.cuda_transform`); an image whose device transform fails takes the CPU
 path instead (counted as a fallback), so a GPU-side failure never fails an image the CPU path can serve. Out come, per
 request, `Pixels` exactly as a Preprocessor would have answered: the rows of the images that decoded, the per-image
 `ServiceError`s by position (the same codes and statuses as the CPU path), and the batch's decode time.
 
 The device mode (`into`): the same decode, but every image's pixels go into a row of ONE `DeviceBatch`
-(app/runtime/device_batch.py), the engine's input buffer: the transform writes a device image's row in place
+(`app.runtime.device_batch`), the engine's input buffer: the transform writes a device image's row in place
 (`transform.into`, its output bound by pointer), a CPU-decoded image is copied up into its row. Rows are claimed in
 batch order by the images the decode did not refuse; one whose transform fails and whose CPU decode then fails too
 leaves its row a hole (the engine runs it, its logits are never read). Per request a `DeviceRows`: the same facts as
 `Pixels`, and the row of each of its images instead of an array.
 
-Pure of CUDA: the decoder and the transform are injected (tests: app/imaging/standin_decoder.py and the transform
+Pure of CUDA: the decoder and the transform are injected (tests: `app.imaging.standin_decoder` and the transform
 graph on the CPU EP).
 """
 

@@ -196,7 +196,7 @@ class GraphRunner:
         outputs: Sequence[str],
         plain: Callable[[], list[np.ndarray]],
     ) -> list[np.ndarray]:
-        """`run` for a batch already on the device (decode_in: gpu, app/runtime/device_batch.py): `fill(x)` copies its
+        """`run` for a batch already on the device (decode_in: gpu, `app.runtime.device_batch`): `fill(x)` copies its
         n rows into a bucket's input buffer x (device to device, landed when it returns) instead of update_inplace;
         `plain()` runs it on the plain session."""
         fits = sample_shape == self.io.sample_shape and self.io.dtype == np.uint8

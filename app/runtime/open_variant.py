@@ -1,5 +1,5 @@
 """A variant's engine as a Classifier replica opens it, and its speed gate: one place for the Classifier
-(app/serve/classifier.py) and the batch scoring actors (app/batch/scoring.py), so a node scores what it would serve.
+(`app.serve.classifier`) and the batch scoring actors (`app.batch.scoring`), so a node scores what it would serve.
 
 `open_variant`: the declaration checked against the variant's graph (`model_io`), `runtime_options`, the declared
 fallback (`fallback_options`, whose file must pass the same checks only where it would serve), `open_engine`, the
@@ -67,7 +67,7 @@ def open_variant(
             if fallback.io is None:
                 raise ModelLoadError(f"{opened.serving.line(variant)}, but {fallback.error}")
             io, opts = fallback.io, fallback.build.opts
-        # CUDA graphs captured before any image: each slot alone on the GPU (app/runtime/graphs.py).
+        # CUDA graphs captured before any image: each slot alone on the GPU (`app.runtime.graphs`).
         opened.engine.prepare(max_batch)
     except BaseException:
         opened.engine.close()

@@ -2,7 +2,7 @@
 
 On Intel and AMD CPUs OpenVINO often runs these graphs faster than ONNX Runtime's CPU EP (its
 fused depthwise/pointwise kernels); `auto` measures both at warm-up and keeps the faster, so it is
-never assumed (app/runtime/select.py).
+never assumed (`app.runtime.select`).
 """
 
 from __future__ import annotations

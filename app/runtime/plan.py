@@ -8,7 +8,7 @@ The rules (docs/engines.md):
   (onnxruntime docs, performance/model-optimizations/quantization.md, "Quantization on GPU";
   onnxruntime issues #11201, #10267, #24807). `allow_slow_int8` overrides it.
 - CPU replica, `auto`: OpenVINO and ONNX Runtime's CPU EP are both candidates; the replica measures
-  both at warm-up and keeps the faster (app/runtime/select.py).
+  both at warm-up and keeps the faster (`app.runtime.select`).
 - `require_gpu`: the CPU EP is left out and `session.disable_cpu_ep_fallback` is set, so a graph
   that cannot run on the GPU fails the start instead of silently running on the host.
 
@@ -43,7 +43,7 @@ class PlanError(ValueError):
     """A variant cannot run as configured on a node offering these providers; the message says why.
 
     `needs_tensorrt`: the refusal is an INT8 build that only TensorRT runs faster than FP32, on a node without
-    TensorRT: what a variant's declared `fallback` is for (app/runtime/fallback.py)."""
+    TensorRT: what a variant's declared `fallback` is for (`app.runtime.fallback`)."""
 
     def __init__(self, message: str, needs_tensorrt: bool = False) -> None:
         super().__init__(message)
@@ -64,7 +64,7 @@ class TensorRTOptions:
 
 @dataclass(frozen=True)
 class GraphOptions:
-    """CUDA graphs on a GPU engine (app/runtime/graphs.py): one captured graph per batch-size bucket, in a session of
+    """CUDA graphs on a GPU engine (`app.runtime.graphs`): one captured graph per batch-size bucket, in a session of
     its own per batch slot, a batch padded up to its bucket. The small batches only: on an H200 a replay beat a plain
     run up to batch 8 and lost from 16 (benchmarks/results/2026-12-04-195603-vm-gpu)."""
 
@@ -90,7 +90,7 @@ class RuntimeOptions:
     gpu_mem_limit_bytes: int | None = None
     profile_prefix: str | None = None
     tensorrt: TensorRTOptions = field(default_factory=TensorRTOptions)
-    # CUDA graphs on a GPU engine (app/runtime/graphs.py): the batch sizes captured, one graph each; None: off.
+    # CUDA graphs on a GPU engine (`app.runtime.graphs`): the batch sizes captured, one graph each; None: off.
     cuda_graphs: GraphOptions | None = None
 
 

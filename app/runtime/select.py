@@ -361,7 +361,7 @@ def open_engine(
 ) -> Opened:
     """The engine `variant` runs on here: planned, built, checked, and (for several candidates) measured. When the
     build runs as intended only on TensorRT and TensorRT is not usable here, `fallback` (the variant's declared
-    fallback build) is opened instead and `Opened.serving` says so (app/runtime/fallback.py)."""
+    fallback build) is opened instead and `Opened.serving` says so (`app.runtime.fallback`)."""
     try:
         return _open_build(variant, path, opts, measure_batch)
     except NeedsTensorRT as refused:

@@ -1,4 +1,4 @@
-"""A model's declared transform (app/imaging/transform.py) as an ONNX graph, for images decoded on the GPU.
+"""A model's declared transform (`app.imaging.transform`) as an ONNX graph, for images decoded on the GPU.
 
 nvImageCodec hands over uint8 RGB [H, W, 3]; the graph makes of it what `Transform.apply` makes of the same image
 decoded by OpenCV (BGR): uint8 [1, height, width, C] in the declared channel order. ONNX Runtime runs it on the CUDA EP

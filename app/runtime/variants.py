@@ -1,6 +1,6 @@
 """What the app config's variants become in a replica: `runtime_options` (how a variant runs, on a node that was or
 was not granted a GPU), `fallback_options` (its declared fallback's file and options) and `speed_gate_for` (the
-gate it must pass and how to run the baseline). The settings are app/config/args.py's; the engines read only
+gate it must pass and how to run the baseline). The settings are `app.config.args`'s; the engines read only
 `RuntimeOptions` (plan.py)."""
 
 from __future__ import annotations

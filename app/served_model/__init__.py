@@ -1,7 +1,7 @@
 """The model as the service serves it: which files make the built-in model, its declaration (declaration.py), the
 graph it is checked against (graph.py), how its inputs are prepared and its outputs read (model_io.py, prologue.py,
 outputs.py), and what ONNX Runtime's INT8 kernels need of its weights (u8s8.py). Serving-time code: the offline
-toolchain that builds, quantizes and reports on models is app/toolchain/ (`python -m app.models`)."""
+toolchain that builds, quantizes and reports on models is `app.toolchain` (`python -m app.models`)."""
 
 from __future__ import annotations
 

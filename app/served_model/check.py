@@ -1,6 +1,6 @@
 """The model's declaration against the graphs of the files that serve it, and the files against each other:
 `check_files`, at deploy (`build_app`) and in `python -m app.config`. (A Classifier checks the declaration against its
-own file as it loads it: app/served_model/model_io.py.)"""
+own file as it loads it: `app.served_model.model_io`.)"""
 
 from __future__ import annotations
 

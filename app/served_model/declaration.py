@@ -7,8 +7,8 @@ preprocessing is the model's own evaluation transform: serving it with another o
 
     y = (x * scale - mean) / std     per channel, x the uint8 pixel in the graph's channel order
 
-The geometry (decode, resize, crop, channel order) runs in the Preprocessor (app/imaging/transform.py); the
-arithmetic, the layout and the dtype are folded into a copy of the graph at load (app/served_model/prologue.py).
+The geometry (decode, resize, crop, channel order) runs in the Preprocessor (`app.imaging.transform`); the
+arithmetic, the layout and the dtype are folded into a copy of the graph at load (`app.served_model.prologue`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ def transform_for(model: ModelDeclaration, graph: GraphIO) -> Transform:
 
 def transform_of(model: ModelDeclaration, files: Sequence[tuple[str, Path]]) -> Transform | None:
     """The model's transform from the first of `files` (field, path) on this machine; None where none is. One for every
-    variant: the variants of a model take the same input (app/served_model/check.py)."""
+    variant: the variants of a model take the same input (`app.served_model.check`)."""
     for _, path in files:
         if path.is_file():
             return transform_for(model, read_graph(path))

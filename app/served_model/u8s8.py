@@ -20,7 +20,7 @@ FP32 on 0.91 of the same images at the same speed. A pair of opposite signs cann
 (|255 * w| <= 32,385), and depthwise convolutions are left alone (ORT widens to 16 bits first). Weights a
 rescale would change the function of (quantized along another axis, a non-zero zero point, read through
 two scales, a scale or bias shared with other weights) are left as they are and named in `PairFit.skipped`;
-`pair_problems` still counts them, and a CPU replica runs such a model on ORT's U8U8 kernels (app/runtime/select.py).
+`pair_problems` still counts them, and a CPU replica runs such a model on ORT's U8U8 kernels (`app.runtime.select`).
 
 VNNI CPUs (AVX-512 VNNI, AVX-VNNI) accumulate in 32 bits and never overflowed; there the rescaling costs a
 little precision for nothing (`python -m app.models quantize --no-pair-limit` for a fleet of such CPUs).

@@ -1,9 +1,9 @@
 """The FP16 build of an FP32 model: what a GPU node without TensorRT serves in place of an INT8 build.
 
-ONNX Runtime's CUDA EP has FP16 kernels and no INT8 ones (app/runtime/plan.py), so on such a node an FP16 copy of
+ONNX Runtime's CUDA EP has FP16 kernels and no INT8 ones (`app.runtime.plan`), so on such a node an FP16 copy of
 the FP32 model is the fast build. It is converted by onnxruntime.transformers.float16 with the graph's IO types
 kept: the image still goes in as the graph declares it (uint8, or float32 behind the served prologue,
-app/served_model/prologue.py) and the scores come out float32, so nothing outside the file changes.
+`app.served_model.prologue`) and the scores come out float32, so nothing outside the file changes.
 
 What stays FP32 (the converter inserts Casts around it): float16.DEFAULT_OP_BLOCK_LIST (ops without FP16 kernels
 or whose float inputs are indices and ranges), plus FP32_OPS below, the ops whose FP16 results overflow 65504 or

@@ -1,6 +1,6 @@
 """What a build of the FP32 model (INT8 or FP16) costs in accuracy and buys in speed, measured on this machine.
 
-One report per build, for any model, served as its declaration says (app/served_model/declaration.py). A cpu build
+One report per build, for any model, served as its declaration says (`app.served_model.declaration`). A cpu build
 is judged through ONNX Runtime's fused CPU kernels (what serves it) and timed against FP32; a TensorRT build
 (symmetric S8S8, app.toolchain.quantize target tensorrt) is judged with Q/DQ computed as written, which is
 TensorRT's arithmetic; its speed belongs to TensorRT on a GPU, not here. An FP16 build (app.toolchain.fp16) is judged

@@ -2,7 +2,7 @@
 
 The messages are Triton's `inference.GRPCInferenceService` (grpc_service.proto, the superset of KServe's
 grpc_predict_v2.proto that adds ModelConfig and ModelStatistics), generated under the app's own package
-(app/protocol/v2/pb/, by `python -m app.ops.proto_gen` from the descriptors compiled into Triton's own client
+(`app.protocol.v2.pb`, by `python -m app.ops.proto_gen` from the descriptors compiled into Triton's own client
 package), so the wire format is the one its clients and perf_analyzer speak, and each message pickles by reference
 (what Serve's Python gRPC proxy does to hand a request to a replica).
 
@@ -32,7 +32,7 @@ from app.errors import RETRY_AFTER_S, ServiceError
 from app.protocol import v2
 from app.protocol.v2.pb import grpc_service_pb2 as pb
 
-# HTTP status of the one table (app/errors.py) -> gRPC status code.
+# HTTP status of the one table (`app.errors`) -> gRPC status code.
 GRPC_CODES: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
@@ -164,10 +164,10 @@ def model_metadata(meta: Mapping[str, Any]) -> pb.ModelMetadataResponse:
 
 
 def model_config(config: Mapping[str, Any]) -> pb.ModelConfigResponse:
-    """app/protocol/v2/triton_config.py's dict is the ModelConfig message in its JSON form."""
+    """`app.protocol.v2.triton_config`'s dict is the ModelConfig message in its JSON form."""
     return json_format.ParseDict({"config": config}, pb.ModelConfigResponse())
 
 
 def model_statistics(stats: Mapping[str, Any]) -> pb.ModelStatisticsResponse:
-    """app/pipeline/inferstats.py's `{"model_stats": [...]}` is the message in its JSON form."""
+    """`app.pipeline.inferstats`'s `{"model_stats": [...]}` is the message in its JSON form."""
     return json_format.ParseDict(stats, pb.ModelStatisticsResponse())

@@ -84,7 +84,7 @@ def model_metadata(
         "versions": list(versions),
         "platform": platform,
         "inputs": [
-            # [-1, 1], as Triton reports a batching model's dims [1] (app/protocol/v2/triton_config.py): its tools size
+            # [-1, 1], as Triton reports a batching model's dims [1] (`app.protocol.v2.triton_config`): its tools size
             # a request from it (perf_analyzer refuses an input with no dimension past the batch). [N] is taken as well.
             {"name": IMAGE_BYTES_INPUT, "datatype": INPUT_DATATYPES[IMAGE_BYTES_INPUT], "shape": [-1, 1]},
             {"name": IMAGE_INPUT, "datatype": INPUT_DATATYPES[IMAGE_INPUT], "shape": [-1, h, w, channels]},

@@ -73,7 +73,7 @@ def is_v2_path(path: str) -> bool:
 
 
 def match_v2_path(method: str, path: str, paths: PathTable[T]) -> tuple[T, dict[str, str]] | None:
-    """Map a request to its entry in `paths` (the route table's V2 paths, app/http/routes.py) and its path
+    """Map a request to its entry in `paths` (the route table's V2 paths, `app.http.routes`) and its path
     parameters.
 
     Model paths (`MODEL_PATH`) give {"model": name, "version": v or ""}; a literal path such as
