@@ -16,7 +16,7 @@ PATH = re.compile(r"\bapp/[\w/]+(?:\.py)?")
 ON_THE_REQUEST_PATH = ("http", "pipeline", "serve")
 LEFT_ELSEWHERE = 1  # app/protocol/v2/pb/, the generated messages' folder, named as the folder it is
 LONG_DOCSTRING = 15  # lines: a module's docstring says what and why; the rest is docs/'s
-LONG_LEFT = 29  # module docstrings longer than that when this test was written: only ever fewer
+LONG_LEFT = 28  # module docstrings longer than that when this test was written: only ever fewer
 
 
 def prose(source: str) -> list[str]:

@@ -1,22 +1,17 @@
 """Admission: a request is counted in flight, waits (bounded by the measured service rate) for a slot, or is
 refused at once with a 503.
 
-Under a retry storm (clients that resend the moment they are refused), an immediate refusal is the expensive
-answer: every refused request comes straight back, and refusing costs the Router as much CPU as a small request
-(HTTP parsing, Serve's request path, the JSON reply), taken from the replicas doing the work. Measured here: at
-512 connections the service spent its two cores on ~800 refusals a second and served a fifth of its capacity. A
-request that *waits* costs nothing while it waits, and its client sends nothing meanwhile. So beyond
-`max_in_flight`, a request waits in a FIFO queue when the wait it can expect, (its place in the queue) / (the rate
-at which admitted requests are finishing, measured over the last seconds), fits in `max_queue_wait_s` with a
-margin (QUEUE_FILL), and the
-queue holds fewer than `max_queued` requests and `max_queued_bytes` of bodies; otherwise it is refused at once.
-The wait counts toward the request's own deadline (inference_timeout_s runs from the body's arrival), so the
-queue never admits work that cannot finish in time; one that does wait too long is refused then.
+Under a retry storm an immediate refusal is the expensive answer: it comes straight back, and refusing costs the
+Router as much CPU as a small request (the reliability page has the figures). A request that waits costs nothing
+while it waits, and its client sends nothing meanwhile. So beyond `max_in_flight` a request waits in a FIFO queue when
+the wait it can expect, (its place in the queue) / (the rate at which admitted requests are finishing, measured over
+the last seconds), fits in `max_queue_wait_s` with a margin (QUEUE_FILL), and the queue holds fewer than
+`max_queued` requests and `max_queued_bytes` of bodies; otherwise it is refused at once. The wait counts toward the
+request's own deadline, so the queue never admits work that cannot finish in time.
 
 Refusals are paced: beyond `refusals_per_s` a refusal is sent later, in turn, or at the end of `pace_wait_s` (the
-request's deadline) when its turn would come later still. A client that resends at once is slowed to the pace, and a
-storm costs the Router about `refusals_per_s` requests' CPU a second plus one refusal per connection per deadline.
-Below the pace a refusal goes at once.
+request's deadline) when its turn would come later still; a storm costs the Router about `refusals_per_s` requests'
+CPU a second plus one refusal per connection per deadline. Below the pace a refusal goes at once.
 """
 
 from __future__ import annotations
