@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from app.config import Limits
-from app.http.reading import multipart_images
+from app.http.inputs import multipart_images
 from app.imaging.probe import probe_dimensions
 from app.protocol import v2
 from app.served_model import ModelFiles

@@ -2,7 +2,7 @@
 parts as app/http/assembly.py puts them together, on fake handles (no Ray): it goes down the layers and comes back
 by returning, never by calling up into a layer it came from (docs/architecture.md "Following one request"), except
 through the ports the layers below declare (the metrics, app/http/ports.py and app/pipeline/ports.py); the request's
-reading enters app/http/reading.py once before the body and twice after it (the images, then their header check
+reading enters app/http/inputs.py once before the body and twice after it (the images, then their header check
 against the chosen variant's target); the model's transform is never asked of a Classifier."""
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def test_a_request_goes_down_the_layers_and_never_calls_back_up_but_through_a_po
     # The walk really crossed the layers it claims to (a vacuous record passes the check above).
     crossed = {(package(a), package(b)) for a, b, _ in calls}
     assert {("app.http", "app.pipeline"), ("app.http", "app.imaging"), ("app.pipeline", "app.request")} <= crossed
-    read = [f for a, b, f in calls if (a, b) == ("app.http.v1", "app.http.reading")]
+    read = [f for a, b, f in calls if (a, b) == ("app.http.v1", "app.http.inputs")]
     assert read == ["v1_head", "v1_images", "check_images"]
     assert backend.described == []  # the transform came by construction, not from a Classifier
 

@@ -1,4 +1,4 @@
-"""The Router's limits without Ray: bodies (app/request/body.py), request guards (app/request/guards.py) and the V2
+"""The Router's limits without Ray: bodies (app/request/body_gate.py), request guards (app/request/guards.py) and the V2
 parser processes (app/protocol/v2/parse_pool.py). The HTTP side of the same limits is in tests/test_hostile_http.py."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from app.errors import STATUS, ServiceError
 from app.protocol import v2
 from app.protocol.v2.parse_pool import INLINE_JSON_BYTES, ParsePool, parse_request
 from app.request import guards
-from app.request.body import RATIO_FLOOR, BodyGate, check_encoding, content_length, inflate, inflate_limit
+from app.request.body_gate import RATIO_FLOOR, BodyGate, check_encoding, content_length, inflate, inflate_limit
 from app.request.guards import (
     admin_token,
     bearer,

@@ -15,7 +15,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from app.config import Limits, RouterConfig
 from app.errors import ServiceError
-from app.request.body import INLINE_INFLATE_BYTES, BodyGate, check_encoding, content_length, inflate
+from app.request.body_gate import INLINE_INFLATE_BYTES, BodyGate, check_encoding, content_length, inflate
 
 if TYPE_CHECKING:  # a type only: the Router's metrics are made and handed in by the deployment
     from app.http.ports import Metrics

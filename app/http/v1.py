@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from app.errors import ServiceError, find_service_error
-from app.http import reading
+from app.http import inputs
 from app.http.context import RouterContext
 from app.http.front_report import FrontReport
 from app.http.replies import model_response, state_response
@@ -62,17 +62,17 @@ class V1:
         """Both endpoints: check, read the body, then (admitted) the header pre-check and the pipeline."""
         t0, pipeline, limits = time.perf_counter(), self.pipeline, self.limits
         endpoint = BATCH if batch else SINGLE
-        head = reading.v1_head(
+        head = inputs.v1_head(
             batch, request.headers, request.query_params.get("top_k"), self.serve_request_id(), limits
         )
         top_k, rid = head.top_k, head.request_id
         raw = await self.bodies.receive(request)  # admission counts the request only once its body is here
         received = time.perf_counter()  # the request's deadline runs from here, a wait for admission included
         async with pipeline.admitted(len(raw), self.policy.user(request.headers)):
-            images = reading.v1_images(raw, head, limits)
+            images = inputs.v1_images(raw, head, limits)
             choice = self.policy.choose(request.headers)
             # The header pre-check on every image; a refused one fails only its own entry.
-            refused, pixels = reading.check_images(images, limits, pipeline.specs.known_target(choice.variant))
+            refused, pixels = inputs.check_images(images, limits, pipeline.specs.known_target(choice.variant))
             self.metrics.observe_pixels(pixels)
             sent = [i for i in range(len(images)) if i not in refused]
             if not batch and refused:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from app.errors import ServiceError
-from app.http import reading
+from app.http import inputs
 from app.http.context import RouterContext
 from app.imaging.payloads import Pixels
 from app.pipeline.cascade_rule import escalate
@@ -106,7 +106,7 @@ class V2DataPlane:
         full = req.needs_logits or req.needs_probabilities
         if req.images is not None:
             target = (await pipeline.specs.transform(choice.variant)).decode_target
-            refused, pixels = reading.check_images(req.images, self.limits, target)
+            refused, pixels = inputs.check_images(req.images, self.limits, target)
             self.metrics.observe_pixels(pixels)
             if refused:  # the protocol has no per-item errors: the first refusal fails the request
                 raise refused[min(refused)]

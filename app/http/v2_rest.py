@@ -20,7 +20,7 @@ from app.http.route import Route
 from app.http.v2_dataplane import V2DataPlane
 from app.protocol import v2
 from app.protocol.v2.parse_pool import parse_request
-from app.request.body import check_encoding
+from app.request.body_gate import check_encoding
 
 if TYPE_CHECKING:
     from app.protocol.paths import PathTable

@@ -3,7 +3,7 @@ GIF, BMP, WebP and TIFF (`probe_dimensions`), a PNG's chunk framing (`png_chunks
 (an EXIF blob is a TIFF structure, read with the TIFF probe's IFD0 reader).
 
 Pure Python (struct, re): no OpenCV, no numpy, no decoding; each walk over the header is bounded, so a crafted
-header costs microseconds. The Router reads every request's header on its event loop (`app.http.reading`,
+header costs microseconds. The Router reads every request's header on its event loop (`app.http.inputs`,
 through `check_header`), and `app.imaging.preprocess` reads it again before decoding.
 """
 

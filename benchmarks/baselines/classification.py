@@ -1,4 +1,4 @@
-"""What the classifying peers share: the models, and the app's own request reading (app.http.reading with the
+"""What the classifying peers share: the models, and the app's own request reading (app.http.inputs with the
 default app.config.Limits) and top-k (app.served_model.outputs), so every server in a comparison answers a request
 the same way. Replies: {"variant", "model", "predictions", "timings_ms"}, {"results": [...]} for a batch (a bad
 image fails alone); errors: {"error": {"code", "message"}} with app.errors' status.
@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse
 
 from app.config import Limits
 from app.errors import ServiceError
-from app.http import reading
+from app.http import inputs
 from app.imaging.preprocess import preprocess
 from app.runtime import onnxruntime_engine
 from app.served_model import MODEL_NAME, ModelFiles, builtin_transform, default_files, outputs
@@ -52,7 +52,7 @@ class Asked:
 
 def read_request(request: Request, body: bytes, many: bool, variants: Sequence[str]) -> Asked:
     """/v1/classify (raw image or one multipart `file`) or /v1/classify/batch (`file` parts), by the app's rules."""
-    top_k = reading.top_k(request.query_params.get("top_k"), LIMITS)
+    top_k = inputs.top_k(request.query_params.get("top_k"), LIMITS)
     variant = request.headers.get("x-model-variant") or DEFAULT_VARIANT
     if variant not in variants:
         raise ServiceError("unknown_variant", f"variant {variant!r} is not served; choose one of {sorted(variants)}")
@@ -60,9 +60,9 @@ def read_request(request: Request, body: bytes, many: bool, variants: Sequence[s
         raise ServiceError("payload_too_large", f"{len(body)} bytes; the limit is {LIMITS.max_body_bytes}")
     content_type = request.headers.get("content-type")
     if not many:
-        return Asked(variant, top_k, [reading.single_image(body, content_type)], many)
-    reading.check_batch_media(content_type)
-    return Asked(variant, top_k, reading.multipart_images(body, content_type or "", LIMITS.max_batch_files), many)
+        return Asked(variant, top_k, [inputs.single_image(body, content_type)], many)
+    inputs.check_batch_media(content_type)
+    return Asked(variant, top_k, inputs.multipart_images(body, content_type or "", LIMITS.max_batch_files), many)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ C holding the GIL for the whole call, so a thread that parses frees nothing. Mea
 machine: `json.loads` of the 10 MiB `{"inputs":[[],[],...]}` of the "Hostile load" issue takes
 1.7 s, and run in `asyncio.to_thread` it stalled the event loop for the same 1.7 s; one 224x224x3
 UINT8 image as tritonclient JSON takes ~28 ms. (zlib releases the GIL: the Router inflates on a
-thread, `app.request.body`.)
+thread, `app.request.body_gate`.)
 
 `parse_request` parses inline what is cheap, a JSON part of at most INLINE_JSON_BYTES (a few ms at
 worst: ~5 ms for 32 KiB of empty lists, the costliest JSON per byte), and hands the rest to a

@@ -17,7 +17,7 @@ from app.config import Limits
 from app.errors import ServiceError
 from app.protocol.v2.names import HEADER_LENGTH, IMAGE_BYTES_INPUT, IMAGE_INPUT, INPUT_DATATYPES, OUTPUTS
 from app.protocol.v2.request import InferRequest, RequestedOutput
-from app.request.body import inflate
+from app.request.body_gate import inflate
 from app.request.guards import byte_count
 
 
@@ -45,7 +45,7 @@ def decompress_body(body: bytes, content_encoding: str | None, max_bytes: int, m
     """Undo a request's Content-Encoding (tritonclient's request_compression_algorithm: gzip or deflate).
 
     The inflated size is bounded by max_bytes (413 beyond), and, given max_ratio, by that many times
-    the compressed size (never below 1 MiB; `app.request.body.inflate`, which this is). Other encodings -> 415.
+    the compressed size (never below 1 MiB; `app.request.body_gate.inflate`, which this is). Other encodings -> 415.
     """
     return inflate(body, content_encoding, max_bytes, max_ratio)
 
