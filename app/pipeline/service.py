@@ -70,13 +70,19 @@ class Pipeline:
         )
         self.runs = GroupRun(backend, self.failover, self.specs, self.cascades, self.cascader, self.shadow)
         self.coalescer: Coalescer[Key] = Coalescer(self.runs.group, self.runs.limits)
-        self.settings: RouterConfig | None = None
         self._limits: Limits | None = None
-        self.split: WeightedSplit | None = None
+
+    @property
+    def settings(self) -> RouterConfig | None:
+        """The Router's config in force (the group's run holds it: it reads it on every group)."""
+        return self.runs.settings
+
+    @property
+    def split(self) -> WeightedSplit | None:
+        return self.runs.split
 
     def configure(self, settings: RouterConfig, split: WeightedSplit, pair: tuple[str, str] | None = None) -> None:
         """The Router's config in force, its A/B split, and a running rollout's pair (shadowed on each other)."""
-        self.settings, self.split = settings, split
         self.runs.configure(settings, split)
         self.shadow.pair = pair
         s = settings
