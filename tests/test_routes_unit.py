@@ -1,12 +1,13 @@
-"""The one route table (app/http/routes.py ROUTES) and what is derived from it: the Ingress's dispatch (exact and
-templated paths), the V2 path matching (app/protocol/v2's match_v2_path) and /openapi.json's `paths`. An entry
-planted in a copy of the table shows up in all three with nothing else added. The path grammar is
-app/protocol/paths.py's. Pure: the Router's parts on a fake backend, no Ray."""
+"""The one route table (app.http.routes: `routes` of the Router's parts) and what is derived from it: the
+Ingress's dispatch (exact and templated paths), the V2 path matching (the V2 protocol's match_v2_path) and
+/openapi.json's `paths`. An entry planted beside the table shows up in all three with nothing else added. The path
+grammar is app.protocol.paths'. Pure: the Router's parts on a fake backend, no Ray."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from app.http.docs import Docs
 from app.http.ingress import Ingress
 from app.http.openapi import Doc, build_openapi
 from app.http.rollout import RolloutAPI
-from app.http.routes import ROUTES, Route, bind, route_table
+from app.http.routes import ROUTES, Route, Routes, routes
 from app.http.v1 import V1
 from app.http.v2_rest import V2
 from app.protocol import v2
@@ -30,14 +31,19 @@ VARIANTS = ["fp32", "int8"]
 CONFIG = {"weights": {"fp32": 1, "int8": 1}}
 
 
-def ingress(table: tuple[Route, ...]) -> Ingress:
-    """The Router's Ingress as app/http/assembly.py assembles it, dispatching on `table` (its parts on fakes)."""
+Planted = tuple[tuple[type, Route], ...]  # entries added to the table: the part's class, the entry with its function
+
+
+def ingress(planted: Planted = ()) -> Ingress:
+    """The Router's Ingress as app.http.assembly assembles it, on the table with `planted` added (its parts on
+    fakes): each added entry's handler the method of the part of its class, as the assembly's `routes` call binds."""
     app = router(VARIANTS, CONFIG)
     ing = app.ingress
-    parts = {type(r.handler.__self__): r.handler.__self__ for r in ing.routes.table}
-    docs = Docs(app.ctx, table)
-    routes = route_table(parts[V1], ing.v2, parts[RolloutAPI], docs, table)
-    return Ingress(app.ctx, routes, ing.v2, ing.front)
+    parts: dict[type, Any] = {type(r.handler.__self__): r.handler.__self__ for r in ing.routes.table}
+    docs = Docs(app.ctx, (*ROUTES, *(r for _, r in planted)))
+    added = [replace(r, handler=getattr(parts[c], r.handler.__name__)) for c, r in planted]
+    table = Routes.of((*routes(parts[V1], ing.v2, parts[RolloutAPI], docs), *added))
+    return Ingress(app.ctx, table, ing.v2, ing.front)
 
 
 def call(ing: Ingress, method: str, path: str) -> tuple[int, Any, str | None]:
@@ -55,18 +61,17 @@ async def trace(self: V2, request: Request, params: dict[str, str]) -> Response:
 
 
 @pytest.fixture
-def planted(monkeypatch: pytest.MonkeyPatch) -> tuple[Route, ...]:
+def planted(monkeypatch: pytest.MonkeyPatch) -> Planted:
     """A copy of the table with two entries more: a templated v1 route (documented) and a V2 model path (not)."""
     monkeypatch.setattr(V1, "echo", echo, raising=False)
     monkeypatch.setattr(V2, "trace", trace, raising=False)
     return (
-        *ROUTES,
-        Route("GET", "/v1/echo/{word}[/times/{n}]", V1.echo, Doc("Echo a word", "state", None)),  # type: ignore[attr-defined]
-        Route("GET", v2.MODEL_PATH + "/trace", V2.trace),  # type: ignore[attr-defined]
+        (V1, Route("GET", "/v1/echo/{word}[/times/{n}]", V1.echo, Doc("Echo a word", "state", None))),  # type: ignore[attr-defined]
+        (V2, Route("GET", v2.MODEL_PATH + "/trace", V2.trace)),  # type: ignore[attr-defined]
     )
 
 
-def test_a_planted_entry_is_dispatched_exact_and_templated(planted: tuple[Route, ...]) -> None:
+def test_a_planted_entry_is_dispatched_exact_and_templated(planted: Planted) -> None:
     ing = ingress(planted)
     assert call(ing, "GET", "/v1/echo/hi") == (200, {"echo": {"word": "hi", "n": ""}}, None)
     assert call(ing, "GET", "/v1/echo/hi/times/3/") == (200, {"echo": {"word": "hi", "n": "3"}}, None)
@@ -76,14 +81,14 @@ def test_a_planted_entry_is_dispatched_exact_and_templated(planted: tuple[Route,
     )
     assert call(ing, "GET", "/v1/echo")[0] == 404
     assert call(ing, "GET", "/healthz")[:2] == (200, {"status": "ok"})  # the declared routes as they were
-    bare = ingress(ROUTES)  # without the entry, nothing else answers it
+    bare = ingress()  # without the entry, nothing else answers it
     assert call(bare, "GET", "/v1/echo/hi")[:2] == (
         404,
         {"error": {"code": "not_found", "message": "no route /v1/echo/hi"}},
     )
 
 
-def test_a_planted_v2_entry_is_matched_with_the_models_name_and_version(planted: tuple[Route, ...]) -> None:
+def test_a_planted_v2_entry_is_matched_with_the_models_name_and_version(planted: Planted) -> None:
     ing = ingress(planted)
     assert call(ing, "GET", "/v2/models/classifier/trace") == (
         200,
@@ -95,10 +100,10 @@ def test_a_planted_v2_entry_is_matched_with_the_models_name_and_version(planted:
     assert (status, allow) == (405, "GET") and body == {"error": "POST is not allowed on /v2/models/m/trace; use GET"}
     found = v2.match_v2_path("GET", "/v2/models/m/trace", ing.routes.v2)
     assert found is not None and found[0].name == "trace" and found[1] == {"model": "m", "version": ""}
-    assert call(ingress(ROUTES), "GET", "/v2/models/m/trace") == (404, {"error": "no route /v2/models/m/trace"}, None)
+    assert call(ingress(), "GET", "/v2/models/m/trace") == (404, {"error": "no route /v2/models/m/trace"}, None)
 
 
-def test_a_planted_entry_is_in_the_openapi_document_with_its_path_parameters(planted: tuple[Route, ...]) -> None:
+def test_a_planted_entry_is_in_the_openapi_document_with_its_path_parameters(planted: Planted) -> None:
     ing = ingress(planted)
     status, doc, _ = call(ing, "GET", "/openapi.json")  # served from the very table the Ingress dispatches on
     assert status == 200
@@ -129,12 +134,11 @@ def test_every_entry_of_the_table_is_dispatched_to_its_handler() -> None:
     assert documented == {(r.method, r.path) for r in ROUTES if not v2.is_v2_path(r.path)}  # every v1 route, no V2
 
 
-def test_a_handler_no_part_defines_is_refused_at_binding() -> None:
-    async def stray(self: Any, request: Request) -> Response:
-        return Response()
-
-    with pytest.raises(TypeError, match="GET /stray"):
-        bind([Route("GET", "/stray", stray)], [object()])
+def test_the_declared_table_is_the_bound_one() -> None:
+    """ROUTES (the classes' functions, what the document reads) and a Router's table (its parts' methods) are one."""
+    bound = router(VARIANTS, CONFIG).ingress.routes.table
+    assert [(r.method, r.path, r.doc, r.admin) for r in bound] == [(r.method, r.path, r.doc, r.admin) for r in ROUTES]
+    assert [r.handler.__func__ for r in bound] == [r.handler for r in ROUTES]  # type: ignore[attr-defined]
 
 
 def test_the_path_grammar() -> None:

@@ -22,7 +22,7 @@ from app.http.policy import RouterPolicy
 from app.http.replies import Replies
 from app.http.report import RouterReport
 from app.http.rollout import RolloutAPI
-from app.http.routes import ROUTES, route_table
+from app.http.routes import ROUTES, Routes, routes
 from app.http.v1 import V1
 from app.http.v2_dataplane import V2DataPlane
 from app.http.v2_grpc import GRPC
@@ -78,8 +78,8 @@ class RouterApp:
         v2 = V2(ctx, ops, parsers)
         self.grpc = GRPC(ctx, ops)  # the gRPC calls' handler (Serve calls the Router's method of each RPC)
         docs = Docs(ctx, ROUTES)  # documents the table the Ingress dispatches on
-        routes = route_table(v1, v2, RolloutAPI(ctx), docs, ROUTES)
-        self.ingress = Ingress(ctx, routes, v2, self.front)  # the HTTP requests
+        table = Routes.of(routes(v1, v2, RolloutAPI(ctx), docs))
+        self.ingress = Ingress(ctx, table, v2, self.front)  # the HTTP requests
 
     def configure(self, cfg: RouterConfig) -> None:
         """A user_config, at deploy time or live."""

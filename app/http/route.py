@@ -15,7 +15,7 @@ from app.http.openapi import Doc
 class Route:
     method: str
     path: str  # exact, or a template (`paths.PathTemplate`): its parameters go to the handler
-    # In ROUTES the function of a part's class (V1.classify); bound to the Router's part by `route_table`. V2's take
+    # The method of the Router's part that answers it (v1.classify; in ROUTES its class's function). V2's take
     # (request, path parameters); the others (request), a template's parameters in request.path_params.
     handler: Callable[..., Awaitable[Response]]
     doc: Doc | None = None  # its /openapi.json entry; None: not in the document (the V2 protocol's own)
