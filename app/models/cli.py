@@ -1,4 +1,4 @@
-"""`python -m app.models {build,quantize,report}` (its face: `app.models.__main__`); see `app.toolchain`."""
+"""`python -m app.models {build,quantize,report,publish}` (its face: `app.models.__main__`); see `app.toolchain`."""
 
 from __future__ import annotations
 
@@ -234,6 +234,28 @@ def _report(
     return 0
 
 
+def cmd_publish(args: argparse.Namespace, files: ModelFiles) -> int:
+    """The config's model files into a store as one immutable version (`app.models.publish`); its errors exit 1."""
+    from app.models.publish import PublishError, run
+
+    try:
+        out = run(args.config, args.to, args.version, args.app, args.json)
+    except PublishError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    sys.stdout.write(out)
+    return 0
+
+
+def _version_name(value: str) -> str:
+    from app.models.publish import version_name
+
+    try:
+        return version_name(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 UNUSED_BY_FP16 = " (unused by --target fp16, which needs no calibration)"
 
 
@@ -324,6 +346,29 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="agreement (and on cpu, speed) of an INT8 or FP16 build against its FP32 model")
     _model_args(r, ("--int8", "--build"), None)
     r.set_defaults(func=cmd_report)
+    pub = sub.add_parser(
+        "publish",
+        help="copy the model files, labels and reports a Serve config names into a store (s3://, gs://, file:// or a "
+        "directory) as one immutable version, and print the config that serves them from there",
+    )
+    pub.add_argument("--config", type=Path, required=True, help="the Serve config whose args name the files")
+    pub.add_argument(
+        "--to",
+        required=True,
+        metavar="URI",
+        help="the store's base: s3://bucket/prefix, gs://bucket/prefix, "
+        "file:///abs/dir or a directory; files go under <URI>/<model name>/<version>/",
+    )
+    pub.add_argument(
+        "--version",
+        type=_version_name,
+        metavar="NAME",
+        help="the version's name (letters, digits, '.', '_', '-'); default sha256-<12 hex digits of the manifest's "
+        "digest>, the same for the same bytes. A published version is never overwritten",
+    )
+    pub.add_argument("--app", help="the application in --config: its index or name (default 0, the first)")
+    pub.add_argument("--json", action="store_true", help="print one JSON object (for scripts) instead of YAML")
+    pub.set_defaults(func=cmd_publish)
     return p
 
 
