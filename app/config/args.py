@@ -19,14 +19,21 @@ from app.config.base import _Strict
 from app.config.cascade import CASCADE_NAME, CascadeArgs
 from app.config.front import FrontArgs
 from app.config.limits import Limits
+from app.config.model_source import ModelCacheArgs
 from app.served_model import BUILTIN_MODEL, default_files, is_builtin_file
 from app.served_model.declaration import ModelDeclaration
+from app.served_model.source import ModelUri, Sha256, is_remote, local_part
 
 if TYPE_CHECKING:
     from app.config.classifier import ClassifierConfig
 
 
 EngineName = Literal["auto", "tensorrt", "cuda", "openvino", "cpu"]
+MODEL_PATH = (
+    "ONNX file: a path (relative to the working directory), file://, or s3://, gs://, https:// (fetched into the "
+    "node's model_cache by each Classifier)"
+)
+SHA256 = "the file's SHA-256 (64 hex digits): checked before the file is opened, a mismatch fails the replica"
 
 
 class FallbackArgs(_Strict):
@@ -38,14 +45,16 @@ class FallbackArgs(_Strict):
     precision: Literal["fp32", "fp16"] = Field(
         description="what the fallback file holds: fp16 (`python -m app.models quantize --target fp16`) or fp32"
     )
-    model_path: str = Field(description="ONNX file; a relative path is relative to the working directory")
+    model_path: ModelUri = Field(description=MODEL_PATH)
+    sha256: Sha256 = Field(None, description=SHA256)
     engine: EngineName = Field("auto", description="as the variant's engine")
 
 
 class VariantArgs(_Strict):
     """One servable build of the model, bound as its own Classifier deployment."""
 
-    model_path: str = Field(description="ONNX file; a relative path is relative to the working directory")
+    model_path: ModelUri = Field(description=MODEL_PATH)
+    sha256: Sha256 = Field(None, description=SHA256)
     description: str = Field("", description="shown in GET /v1/models")
     precision: Literal["fp32", "fp16", "int8"] = Field(
         "fp32",
@@ -183,6 +192,7 @@ class AppArgs(_Strict):
     tensorrt: TensorRTArgs = Field(default_factory=TensorRTArgs)
     cuda_graphs: CudaGraphArgs = Field(default_factory=CudaGraphArgs)
     speed_gate: SpeedGateArgs | None = Field(None, description="refuse or flag variants not faster than a baseline")
+    model_cache: ModelCacheArgs = Field(default_factory=ModelCacheArgs)
 
     @model_validator(mode="before")
     @classmethod
@@ -247,8 +257,12 @@ class AppArgs(_Strict):
         return v
 
     def resolved_path(self, path: str) -> Path:
-        """Relative model paths are relative to the directory `serve run` / `serve deploy` was started in."""
-        return Path(path).absolute()
+        """Relative model paths are relative to the directory `serve run` / `serve deploy` was started in (a
+        file:// URI is its path). Remote files have no path here: a Classifier fetches them
+        (`app.serve.model_files`)."""
+        if is_remote(path):
+            raise ValueError(f"{path}: a remote file has no local path until it is fetched")
+        return Path(local_part(path)).absolute()
 
     def may_use_tensorrt(self, variant: str) -> bool:
         return self.device != "cpu" and self.variants[variant].engine in ("auto", "tensorrt")
@@ -272,15 +286,21 @@ class AppArgs(_Strict):
         return problems
 
     def model_files(self) -> list[tuple[str, Path]]:
-        """Each model file the variants name, with the field that names it: the variants', then their fallbacks'."""
+        """Each model file on this node's disk the variants name, with the field that names it: the variants', then
+        their fallbacks' (remote ones are each Classifier's to fetch and check)."""
+        return [(field, self.resolved_path(uri)) for field, uri, _ in self.model_sources() if not is_remote(uri)]
+
+    def model_sources(self) -> list[tuple[str, str, str | None]]:
+        """Each model file the variants name, as declared: (field, URI or path, sha256), the variants' then their
+        fallbacks'. `model_files` is the local ones."""
         variants = sorted(self.variants.items())
-        files = [(f"variants.{n}.model_path", self.resolved_path(v.model_path)) for n, v in variants]
-        files += [
-            (f"variants.{n}.fallback.model_path", self.resolved_path(v.fallback.model_path))
+        out = [(f"variants.{n}.model_path", v.model_path, v.sha256) for n, v in variants]
+        out += [
+            (f"variants.{n}.fallback.model_path", v.fallback.model_path, v.fallback.sha256)
             for n, v in variants
             if v.fallback
         ]
-        return files
+        return out
 
     def is_default_model(self, path: Path) -> bool:
         files = default_files(path.parent)

@@ -1,14 +1,24 @@
-"""`ClassifierConfig`: each Classifier deployment's user_config, its dynamic batching (live)."""
+"""`ClassifierConfig`: each Classifier deployment's user_config, its dynamic batching and the model version it
+serves (both live)."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from app.config.base import _Strict
+from app.served_model.source import ModelUri, Sha256
 
 
 class ClassifierConfig(_Strict):
-    """A Classifier's user_config: dynamic batching, changed live through reconfigure."""
+    """A Classifier's user_config: dynamic batching and the model version, changed live through reconfigure."""
+
+    model_path: ModelUri | None = Field(
+        None,
+        description="the variant's model file, overriding args' (a release in place: the replica fetches, checks, "
+        "opens, warms and gates it beside the one it serves, then switches; a failure leaves the old one serving); "
+        "None: args' model_path",
+    )
+    sha256: Sha256 = Field(None, description="model_path's SHA-256; with model_path only")
 
     max_batch_size: int = Field(16, gt=0, le=256, description="images per ONNX Runtime call")
     batch_wait_timeout_s: float = Field(0.003, ge=0, le=1, description="how long a partial batch waits to fill")
@@ -16,6 +26,12 @@ class ClassifierConfig(_Strict):
     warmup: bool = Field(True, description="run every batch size once at start so first requests are not slow")
     profile_batches: int = Field(0, ge=0, le=1000, description="profile the next N batches with ONNX Runtime")
     profile_dir: str = Field("/tmp/app-profiles", description="where profiling traces are written")
+
+    @model_validator(mode="after")
+    def _sha256_with_path(self) -> ClassifierConfig:
+        if self.sha256 is not None and self.model_path is None:
+            raise ValueError("sha256 without model_path: the digest pins the model_path beside it")
+        return self
 
     def check_against(self, max_ongoing_requests: int) -> None:
         """Batches can only fill if a replica accepts enough requests at once."""

@@ -50,6 +50,8 @@ def _type_name(annotation: Any) -> str:
     if isinstance(annotation, type):
         return annotation.__name__
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:  # a checked type (a model URI, a sha256): the type it checks
+        return _type_name(args[0])
     if origin is typing.Literal:
         return " | ".join(repr(a).replace("'", '"') for a in args)
     if origin in (typing.Union, types.UnionType):

@@ -414,12 +414,64 @@ class _VariantBase(_Body):
     description: str
 
 
+class ModelSource(_Body):
+    """One file of the version a replica serves, as it was fetched."""
+
+    field: str = Field(description="the config field that names it (variants.<v>.model_path, model.labels_path, ...)")
+    uri: str = Field(description="where it came from: a path, file://, s3://, gs:// or https://")
+    sha256: str = Field(description="its content's SHA-256 (checked against the config's pin where one is given)")
+    bytes: int
+    downloaded: bool = Field(description="false: the node's cache (or a local file) had it")
+    fetch_s: float = Field(description="seconds the fetch and the digest check took")
+
+
+class ServedVersion(_Body):
+    version: str = Field(description="the variant's model file's sha256: the version serving")
+    files: list[ModelSource] = Field(description="the variant's model first, then its fallback, baseline and labels")
+
+
+class ReleaseTarget(_Body):
+    uri: str
+    sha256: str | None
+
+
+class CacheEntry(_Body):
+    sha256: str
+    size: int = Field(description="bytes")
+    uri: str = Field(description="where it was fetched from")
+    last_used: float = Field(description="when a replica last fetched it, Unix time")
+    in_use: bool = Field(description="a running replica holds it: never evicted")
+
+
+class ModelCache(_Body):
+    """The node's model cache, shared by its replicas: content-addressed, bounded by args.model_cache.max_bytes."""
+
+    dir: str
+    max_bytes: int | None
+    bytes: int
+    entries: list[CacheEntry] = Field(description="most recently used first")
+
+
+class ModelVersion(_Body):
+    """The model version this replica serves and how its last release went (a user_config's model_path)."""
+
+    state: Literal["starting", "serving", "releasing", "failed"] = Field(
+        description="failed: the last release was refused (error says why) and `serving` still serves"
+    )
+    serving: ServedVersion | None
+    target: ReleaseTarget | None = Field(None, description="releasing or failed: the version asked for")
+    error: str | None = Field(None, description="failed: one line naming the field, the URI and the reason")
+    seconds: float | None = Field(None, description="failed: how long the refused release took")
+    cache: ModelCache
+
+
 class VariantInfo(_VariantBase):
     """A variant as its Classifier replica describes itself."""
 
     variant: str
     model: str = Field(description="the declared model's name")
-    model_file: str = Field(description="the model file that runs (the fallback's when it serves)")
+    model_file: str = Field(description="the model file that runs (the fallback's when it serves), on this node")
+    model_version: ModelVersion
     precision: Literal["fp32", "fp16", "int8"] = Field(description="what runs (the fallback's when it serves)")
     requested_precision: Literal["fp32", "fp16", "int8"] = Field(description="the variant's own build")
     fallback: FallbackInfo | None = Field(description="present while the declared fallback serves instead")

@@ -25,6 +25,7 @@ from app.imaging.payloads import Encoded, Pixels, Scores
 from app.runtime import top_k
 from app.serve.batch_decoder import BatchDecoder, Done, Item, join, split
 from app.serve.metrics import ClassifierMetrics
+from app.serve.model_release import Releases
 from app.serve.serve_internals import max_ongoing_requests, replica_id
 from app.serve.variant_engine import VariantEngine
 
@@ -59,7 +60,7 @@ class Classifier:
         gpu = bool(ray.get_gpu_ids())
         self.replica_id = replica_id()
         self.metrics = ClassifierMetrics(self.args.model.name)
-        self.model = VariantEngine(self.args, variant, transform, gpu, num_cpus, self.metrics)
+        self.versions = Releases(self.args, variant, transform, gpu, num_cpus, self.metrics)
         self.decoder = BatchDecoder.for_replica(self.args, variant, gpu, num_cpus, self.metrics)
         self.cfg: ClassifierConfig | None = None
         self._batch: Callable[[Item], Awaitable[Done]] | None = None
@@ -67,12 +68,31 @@ class Classifier:
 
     # -- configuration (live) ------------------------------------------------------
 
-    def reconfigure(self, config: dict[str, Any]) -> None:
+    @property
+    def model(self) -> VariantEngine:
+        """The serving version's engine."""
+        assert self.versions.serving is not None, "reconfigure opens the model before any request"
+        return self.versions.serving.engine
+
+    async def reconfigure(self, config: dict[str, Any]) -> None:
+        """At start (before any request) and on every user_config change: the model version it names (a new one is
+        released in place, `app.serve.model_release`), then the batching."""
         cfg = self._checked(ClassifierConfig.model_validate(config or {}))
+        versions = self.versions
+        if versions.serving is None:
+            versions.start(cfg)  # a failure fails the replica, one line naming the URI and the reason
+            opening = True
+        elif versions.changed(cfg):
+            t0 = time.perf_counter()
+            new = await versions.release(cfg)  # prepared in a thread: this replica keeps serving meanwhile
+            if new is not None:  # no await from here to the decoder's open: a batch starts on one version or the other
+                versions.switched(new, t0)
+            opening = False
+        else:
+            opening = self.model.needs_reopen(cfg, self.cfg)
+            if opening:
+                self.model.open(cfg)
         model = self.model
-        opening = model.needs_reopen(cfg, self.cfg)
-        if opening:
-            model.open(cfg)
         self._set_batching(cfg)
         self.decoder.open(cfg, model.io, model.engine, self.args.limits)
         if cfg.warmup:
@@ -179,6 +199,7 @@ class Classifier:
         model = self.model
         return {
             **model.describe(),
+            "model_version": self.versions.describe(),
             "batching": {
                 "max_batch_size": cfg.max_batch_size,
                 "batch_wait_timeout_s": cfg.batch_wait_timeout_s,
@@ -197,8 +218,8 @@ class Classifier:
         return self.model.io.labels
 
     def ready(self) -> bool:
-        return self.model.ready(self.cfg)
+        return self.versions.serving is not None and self.model.ready(self.cfg)
 
     def check_health(self) -> None:
-        if self.model.opened is not None and not self.model.engine.alive:
+        if self.versions.serving is not None and self.model.opened is not None and not self.model.engine.alive:
             raise RuntimeError(f"Classifier_{self.variant}: the engine is gone")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ray.serve.metrics import Counter, Gauge, Histogram
 
@@ -242,7 +242,49 @@ class ClassifierMetrics:
             "for the GPU, decoded by the CPU path; device_errors: whole GPU decode calls that failed)",
             tag_keys=("variant", "where", "model"),
         )
+        self.version = Gauge(
+            "app_model_version",
+            "1 for the model version this replica serves (sha256: its file's digest, uri: where it came from)",
+            tag_keys=("variant", "sha256", "uri", "model"),
+        )
+        self.releases = Counter(
+            "app_model_releases_total",
+            "Releases in place by outcome: switched (the new version serves), failed (the old one still serves)",
+            tag_keys=("variant", "outcome", "model"),
+        )
+        self.cache_bytes = Gauge("app_model_cache_bytes", "Bytes in the node's model cache", tag_keys=("model",))
+        self.cache_entry = Gauge(
+            "app_model_cache_entry_bytes",
+            "Each file in the node's model cache: its size (sha256, uri; in_use: a replica holds it)",
+            tag_keys=("sha256", "uri", "in_use", "model"),
+        )
+        self.cache_last_used = Gauge(
+            "app_model_cache_entry_last_used_seconds",
+            "Each file in the node's model cache: when a replica last fetched it (Unix time)",
+            tag_keys=("sha256", "uri", "model"),
+        )
         name_model(self, model)
+
+    def record_version(self, variant: str, sha256: str, uri: str) -> None:
+        self.held.replace(self.version, [({"variant": variant, "sha256": sha256, "uri": uri[:200]}, 1)])
+
+    def record_release(self, variant: str, outcome: str) -> None:
+        self.releases.inc(tags={"variant": variant, "outcome": outcome})
+
+    def record_cache(self, cache: dict[str, Any]) -> None:
+        """The node's cache as `ModelFiles.describe` says it: what it holds, as of this replica's last look."""
+        self.cache_bytes.set(cache["bytes"])
+        entries = cache["entries"]
+        self.held.replace(
+            self.cache_entry,
+            [
+                ({"sha256": e["sha256"], "uri": e["uri"][:200], "in_use": str(e["in_use"]).lower()}, e["size"])
+                for e in entries
+            ],
+        )
+        self.held.replace(
+            self.cache_last_used, [({"sha256": e["sha256"], "uri": e["uri"][:200]}, e["last_used"]) for e in entries]
+        )
 
     def record_decode(self, variant: str, counts: dict[str, int]) -> None:
         for where, n in counts.items():

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from app.served_model.graph import GraphIO
 from app.served_model.labels import imagenet_labels
+from app.served_model.source import ModelUri, Sha256, is_remote, local_part
 
 
 class _Strict(BaseModel):
@@ -108,11 +109,13 @@ class ModelDeclaration(_Strict):
         description="in replies, /v1/models, the V2 model names (<name>, <name>-<variant>), metrics; letters, digits, "
         "'_' and '.' (V2 appends '-<variant>')",
     )
-    labels_path: str | None = Field(
+    labels_path: ModelUri | None = Field(
         None,
         description="one label per line, as many as the output has classes; default: the ImageNet-1k labels when "
-        'the output has 1000 classes, else "class_<i>". A relative path is relative to the working directory',
+        'the output has 1000 classes, else "class_<i>". A path (relative to the working directory), file://, or '
+        "s3://, gs://, https:// (fetched by each Classifier, as model_path)",
     )
+    labels_sha256: Sha256 = Field(None, description="the labels file's SHA-256, checked as a model file's")
     output: Literal["logits", "probabilities"] = Field(
         "logits",
         description="logits: the service applies softmax; probabilities: the graph already did, used as they are",
@@ -154,17 +157,19 @@ class ModelDeclaration(_Strict):
         return out
 
     def label_count(self) -> int | None:
-        """Lines of `labels_path` when it is readable here (None: no file declared, or not on this machine)."""
-        if self.labels_path is None or not Path(self.labels_path).is_file():
+        """Lines of `labels_path` when it is readable here (None: no file declared, a remote one, or not on this
+        machine)."""
+        if self.labels_path is None or is_remote(self.labels_path) or not Path(local_part(self.labels_path)).is_file():
             return None
-        return len(Path(self.labels_path).read_text("utf-8").splitlines())
+        return len(Path(local_part(self.labels_path)).read_text("utf-8").splitlines())
 
     def labels(self, classes: int | None) -> list[str]:
         """One label per class: `labels_path`'s lines, else ImageNet-1k's for 1000 classes, else "class_<i>".
 
-        FileNotFoundError when `labels_path` is not here; ValueError (naming the field) when it has another count."""
+        FileNotFoundError when `labels_path` is not here (a remote one is fetched first, `app.serve.model_files`);
+        ValueError (naming the field) when it has another count."""
         if self.labels_path is not None:
-            path = Path(self.labels_path).absolute()
+            path = Path(local_part(self.labels_path)).absolute()
             if not path.is_file():
                 raise FileNotFoundError(f"model.labels_path: labels file not found: {path}")
             lines = path.read_text("utf-8").splitlines()

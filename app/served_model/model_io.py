@@ -41,12 +41,12 @@ def check_transform(expected: dict[str, Any] | None, actual: Transform, where: s
     read = Transform.from_dict(expected) if expected is not None else None
     if read is not None and read != actual:
         raise ValueError(
-            f"{where}: this node's model file wants {_said(actual)}, but the deploy read {_said(read)} from its own "
-            "copy: the nodes' model files differ"
+            f"{where}: this node's model file wants {transform_said(actual)}, but the deploy read "
+            f"{transform_said(read)} from its own copy: the nodes' model files differ"
         )
 
 
-def _said(t: Transform) -> str:
+def transform_said(t: Transform) -> str:
     return f"{t.height}x{t.width}x{t.channels} {t.color} (shorter side {t.resize_shorter}, {t.interpolation})"
 
 
