@@ -16,9 +16,11 @@ from app.storage import ModelCache
 
 def files(tmp_path: Path) -> dict[str, Path]:
     out = {}
-    for name, data in (("fp32", b"fp32 bytes"), ("int8", b"int8 bytes"), ("fp16", b"fp16 bytes"), ("labels", b"a\nb\n")):
+    for name in ("fp32", "int8", "fp16"):
         out[name] = tmp_path / f"m-{name}.bin"
-        out[name].write_bytes(data)
+        out[name].write_bytes(f"{name} bytes".encode())
+    out["labels"] = tmp_path / "m-labels.txt"
+    out["labels"].write_bytes(b"a\nb\n")
     return out
 
 
