@@ -1,4 +1,4 @@
-"""The files one Classifier opens (app.serve.model_files): each fetched through the node's cache, the args pointed
+"""The files one Classifier opens (app.runtime.model_files): each fetched through the node's cache, the args pointed
 at them, a failure one line naming the field, the URI and the reason, and the holds released. Local files here (the
 stores' side is tests/test_storage_servers.py's); pure: no Ray, no engine."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.config import AppArgs
-from app.serve.model_files import ModelFileError, ModelFiles
+from app.runtime.model_files import ModelFileError, ModelFiles
 from app.storage import ModelCache
 
 

@@ -345,3 +345,37 @@ def test_a_cached_file_of_the_wrong_size_is_fetched_again(web: HTTPSServer, cach
     got.path.write_bytes(data[:1000])  # damaged on disk: the size no longer matches the record
     again = cache.fetch(ModelRef(url, digest(data)))
     assert again.downloaded and again.path.read_bytes() == data
+
+
+def test_a_command_on_a_node_reads_remote_files_from_its_cache(s3: S3Server, tmp_path: Path) -> None:
+    """`app.runtime.model_files.fetched_here` (the plan and build-engines commands, the batch driver's transform):
+    every remote file of the args fetched once into the node's cache and named by its path there; local files as
+    they were."""
+    from app.config import AppArgs
+    from app.runtime.model_files import fetched_here
+
+    data, labels = b"an int8 model's bytes", b"cat\ndog\n"
+    model_uri = s3.put("node-cmd", "m/v1/m-int8.onnx", data)
+    labels_uri = s3.put("node-cmd", "m/v1/labels.txt", labels)
+    local = tmp_path / "m-fp32.onnx"
+    local.write_bytes(b"fp32")
+    args = AppArgs.model_validate(
+        {
+            "model": {"name": "m", "labels_path": labels_uri},
+            "variants": {
+                "int8": {"model_path": model_uri, "sha256": hashlib.sha256(data).hexdigest(), "precision": "int8"},
+                "fp32": {"model_path": str(local)},
+            },
+            "model_cache": {"dir": str(tmp_path / "cache")},
+        }
+    )
+    assert [f for f, _ in args.model_files()] == ["variants.fp32.model_path"]  # the remote one has no path yet
+    here = fetched_here(args)
+    assert Path(here.variants["int8"].model_path).read_bytes() == data
+    assert Path(here.variants["int8"].model_path).is_relative_to(tmp_path / "cache")
+    assert Path(here.model.labels_path or "").read_bytes() == labels
+    assert here.variants["fp32"].model_path == str(local)
+    assert [f for f, _ in here.model_files()] == ["variants.fp32.model_path", "variants.int8.model_path"]
+    assert fetched_here(here) is here  # nothing remote left: nothing to do
+    fetched_here(args)
+    assert s3.count("GET", model_uri) == 1  # the second command found it in the node's cache

@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from app.batch.pipeline import Job, scored
 from app.batch.sources import Listed
+from app.runtime.model_files import ModelFiles
 from app.served_model.graph import read_graph
 from app.toolchain.report import resolve_label
 
@@ -26,8 +27,12 @@ def collect(listed: Listed, job: Job) -> pa.Table:
 
 
 def class_labels(job: Job) -> list[str]:
-    path = job.args.resolved_path(job.args.variants[job.variants[0]].model_path)
-    return job.args.model.labels(read_graph(path).classes)
+    local = ModelFiles.for_node(job.args).local_all(job.args, job.variants[:1])  # remote files: this node's cache
+    try:
+        path = local.args.resolved_path(local.args.variants[job.variants[0]].model_path)
+        return local.args.model.labels(read_graph(path).classes)
+    finally:
+        local.release()
 
 
 def evaluate(listed: Listed, job: Job, eval_set: str, baseline: str = "fp32") -> dict[str, Any]:

@@ -22,7 +22,9 @@ from app.batch.scoring import SCHEMA, Scorer
 from app.batch.sizing import Pool
 from app.batch.sources import Listed
 from app.config import AppArgs
+from app.runtime.model_files import ModelFiles
 from app.served_model.model_io import transform_of
+from app.served_model.source import is_remote
 
 # Paths per input block: one decode task's work (~64 x 150 KB of pixels out for a 224 x 224 model).
 BLOCK_PATHS = 64
@@ -42,21 +44,31 @@ class Job:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def portable_args(self) -> dict[str, Any]:
-        """The arguments with every path absolute: the actors may start in another working directory."""
+        """The arguments with every path absolute: the actors may start in another working directory (a remote
+        file's URI as it is: each scoring actor fetches it into its node's cache)."""
         dumped = self.args.model_dump(mode="json")
-        for name, v in dumped["variants"].items():
-            v["model_path"] = str(self.args.resolved_path(self.args.variants[name].model_path))
+
+        def portable(path: str) -> str:
+            return path if is_remote(path) else str(self.args.resolved_path(path))
+
+        for v in dumped["variants"].values():
+            v["model_path"] = portable(v["model_path"])
             if v.get("fallback"):
-                v["fallback"]["model_path"] = str(self.args.resolved_path(v["fallback"]["model_path"]))
+                v["fallback"]["model_path"] = portable(v["fallback"]["model_path"])
         if dumped["model"].get("labels_path"):
-            dumped["model"]["labels_path"] = str(self.args.resolved_path(dumped["model"]["labels_path"]))
+            dumped["model"]["labels_path"] = portable(dumped["model"]["labels_path"])
         return dumped
 
 
 def model_transform(job: Job) -> dict[str, Any]:
-    """The declared transform, read from the chosen variants' files on this machine (the driver)."""
-    files = [f for f in job.args.model_files() if f[0].split(".")[1] in job.variants]
-    t = transform_of(job.args.model, files)
+    """The declared transform, read from the chosen variants' files on this machine (the driver; remote ones fetched
+    into its model cache)."""
+    local = ModelFiles.for_node(job.args).local_all(job.args, job.variants)
+    try:
+        files = [f for f in local.args.model_files() if f[0].split(".")[1] in job.variants]
+        t = transform_of(local.args.model, files)
+    finally:
+        local.release()
     if t is None:
         raise FileNotFoundError(f"none of the model files is on this machine: {', '.join(str(p) for _, p in files)}")
     return t.to_dict()

@@ -16,6 +16,7 @@ import ray
 
 from app.config import AppArgs
 from app.runtime import Engine, ModelLoadError, threads_for, top_k
+from app.runtime.model_files import ModelFiles
 from app.runtime.open_variant import gate_failure, gate_variant, open_variant
 from app.runtime.select import model_sha256
 from app.served_model.model_io import ModelIO
@@ -82,8 +83,11 @@ class Scorer:
     def __init__(
         self, args: dict[str, Any], variants: list[str], top: int, batch_size: int, threads: int, declaration: str
     ) -> None:
-        """`args` with absolute paths (Job.portable_args); `declaration`: args.model as the config says it, JSON."""
-        self.args = AppArgs.model_validate(args)
+        """`args` with absolute paths (Job.portable_args); `declaration`: args.model as the config says it, JSON. Remote
+        files are fetched into this node's model cache and held while the actor scores."""
+        declared = AppArgs.model_validate(args)
+        self.files = ModelFiles.for_node(declared).local_all(declared, variants)
+        self.args = self.files.args
         gpu = bool(ray.get_gpu_ids())
         assigned = float(ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0))
         threads = threads or self.args.intra_op_threads or threads_for(assigned)

@@ -259,7 +259,7 @@ class AppArgs(_Strict):
     def resolved_path(self, path: str) -> Path:
         """Relative model paths are relative to the directory `serve run` / `serve deploy` was started in (a
         file:// URI is its path). Remote files have no path here: a Classifier fetches them
-        (`app.serve.model_files`)."""
+        (`app.runtime.model_files`)."""
         if is_remote(path):
             raise ValueError(f"{path}: a remote file has no local path until it is fetched")
         return Path(local_part(path)).absolute()

@@ -19,6 +19,7 @@ from typing import Any
 
 from app.config import AppArgs, ClassifierConfig, classifier_deployment_name, validate_serve_config
 from app.runtime import threads_for
+from app.runtime.model_files import fetched_here
 from app.runtime.ort_engine import missing_libraries, ort_version, tensorrt_version, usable_providers
 from app.runtime.plan import TENSORRT, PlanError, Provider, RuntimeOptions, engine_build_key, plan_engines
 from app.runtime.select import build, engine_files_state, gpu_name, model_sha256, tensorrt_for
@@ -95,6 +96,7 @@ def engine_builds(cfg: dict[str, Any], key: dict[str, str] | None = None) -> lis
     it is listed under them rather than built twice.
     """
     args: AppArgs = validate_serve_config(cfg)
+    args = fetched_here(args)  # remote files: into this node's cache, as a replica here would fetch them
     builds: dict[str, EngineBuild] = {}
 
     def add(variant: str, opts: RuntimeOptions, user: str) -> None:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.config import AppArgs, ClassifierConfig
+from app.runtime.model_files import LocalModel, ModelFiles
 from app.serve.metrics import ClassifierMetrics
-from app.serve.model_files import LocalModel, ModelFiles
 from app.serve.variant_engine import VariantEngine
 from app.served_model.model_io import transform_said
 

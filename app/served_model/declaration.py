@@ -166,7 +166,7 @@ class ModelDeclaration(_Strict):
     def labels(self, classes: int | None) -> list[str]:
         """One label per class: `labels_path`'s lines, else ImageNet-1k's for 1000 classes, else "class_<i>".
 
-        FileNotFoundError when `labels_path` is not here (a remote one is fetched first, `app.serve.model_files`);
+        FileNotFoundError when `labels_path` is not here (a remote one is fetched first, `app.runtime.model_files`);
         ValueError (naming the field) when it has another count."""
         if self.labels_path is not None:
             path = Path(local_part(self.labels_path)).absolute()

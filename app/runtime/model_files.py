@@ -1,11 +1,13 @@
-"""The files a Classifier replica opens, each fetched into the node's model cache and held while it serves.
+"""The files a Classifier replica (a batch scorer, a command on a node) opens, each fetched into the node's model
+cache and held while it serves.
 
 A variant names its model (and its declared fallback, the speed gate's baseline, the labels) by a path or a URI with
 an optional SHA-256 (`app.served_model.source`); its user_config may name another version of its model, which then
-overrides the args'. `ModelFiles.local` fetches what one variant opens through the node's `ModelCache`
-(`app.storage`: one download per node, a partial download never visible, the digest checked before anything opens
-the file) and returns the args with those fields pointing at the local files, so the engine code opens paths as it
-always has. The files stay held (so the cache never evicts a file a replica serves) until `LocalModel.release`.
+overrides the args'. `ModelFiles.local` fetches what one variant opens (`local_all`: several) through the node's
+`ModelCache` (`app.storage`: one download per node, a partial download never visible, the digest checked before
+anything opens the file) and returns the args with those fields pointing at the local files, so the engine code opens
+paths as it always has. The files stay held (so the cache never evicts a file a replica serves) until
+`LocalModel.release`.
 
 A failure is one line naming the field, the URI and the reason: at start it fails the replica (`serve status`), in a
 release the old version keeps serving and says why (`app.serve.model_release`).
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.config import AppArgs
+from app.served_model.source import is_remote
 from app.storage import CachedFile, FetchError, ModelCache, ModelRef
 
 
@@ -82,41 +85,50 @@ class ModelFiles:
     ) -> LocalModel:
         """`variant`'s files fetched (`model_path`/`sha256`: the user_config's version, overriding the args'), and
         the args with them as local paths. ModelFileError (one line) when one cannot be had."""
-        v = args.variants[variant]
-        uri, digest = (model_path, sha256) if model_path is not None else (v.model_path, v.sha256)
-        wanted: list[tuple[str, str, str | None]] = [(f"variants.{variant}.model_path", uri, digest)]
-        if v.fallback is not None:
-            wanted.append((f"variants.{variant}.fallback.model_path", v.fallback.model_path, v.fallback.sha256))
+        if model_path is not None:
+            dumped = args.model_dump()
+            dumped["variants"][variant] |= {"model_path": model_path, "sha256": sha256}
+            args = AppArgs.model_validate(dumped)
+        return self.local_all(args, [variant])
+
+    def local_all(self, args: AppArgs, variants: list[str]) -> LocalModel:
+        """What `variants` open, each file fetched once: their files (the first variant's first: `LocalModel.model`),
+        their declared fallbacks, the speed gate's baseline, the labels; the args with every one of them local."""
+        wanted: dict[str, tuple[str, str | None]] = {}
+        for name in variants:
+            v = args.variants[name]
+            wanted[f"variants.{name}.model_path"] = (v.model_path, v.sha256)
+        for name in variants:
+            fb = args.variants[name].fallback
+            if fb is not None:
+                wanted[f"variants.{name}.fallback.model_path"] = (fb.model_path, fb.sha256)
         gate = args.speed_gate
-        if gate is not None and gate.baseline != variant:
+        if gate is not None and any(gate.baseline != name for name in variants):
             b = args.variants[gate.baseline]
-            wanted.append((f"variants.{gate.baseline}.model_path", b.model_path, b.sha256))
+            wanted.setdefault(f"variants.{gate.baseline}.model_path", (b.model_path, b.sha256))
         if args.model.labels_path is not None:
-            wanted.append(("model.labels_path", args.model.labels_path, args.model.labels_sha256))
+            wanted["model.labels_path"] = (args.model.labels_path, args.model.labels_sha256)
         held: list[CachedFile] = []
         try:
-            for name, u, d in wanted:
-                held.append(self._fetch(name, u, d))
+            for name, (uri, digest) in wanted.items():
+                held.append(self._fetch(name, uri, digest))
         except BaseException:
             for f in held:
                 f.release()
             raise
         sources = [
-            Source(name, f.uri, f.sha256, f.size, f.downloaded, f.seconds)
-            for (name, _, _), f in zip(wanted, held, strict=True)
+            Source(name, f.uri, f.sha256, f.size, f.downloaded, f.seconds) for name, f in zip(wanted, held, strict=True)
         ]
-        paths = [str(f.path) for f in held]
         dumped = args.model_dump()
-        dumped["variants"][variant]["model_path"], dumped["variants"][variant]["sha256"] = paths[0], sources[0].sha256
-        i = 1
-        if v.fallback is not None:
-            dumped["variants"][variant]["fallback"]["model_path"] = paths[i]
-            i += 1
-        if gate is not None and gate.baseline != variant:
-            dumped["variants"][gate.baseline]["model_path"] = paths[i]
-            i += 1
-        if args.model.labels_path is not None:
-            dumped["model"]["labels_path"] = paths[i]
+        for name, f in zip(wanted, held, strict=True):
+            if name == "model.labels_path":
+                dumped["model"]["labels_path"] = str(f.path)
+                continue
+            variant = name.split(".")[1]
+            entry = dumped["variants"][variant]
+            if ".fallback." in name:
+                entry = entry["fallback"]
+            entry["model_path"], entry["sha256"] = str(f.path), f.sha256
         return LocalModel(AppArgs.model_validate(dumped), sources, held)
 
     def _fetch(self, name: str, uri: str, sha256: str | None) -> CachedFile:
@@ -134,3 +146,14 @@ class ModelFiles:
             "bytes": sum(e.size for e in entries),
             "entries": [e.as_dict() for e in entries],
         }
+
+
+def fetched_here(args: AppArgs) -> AppArgs:
+    """`args` with every remote file fetched into this node's cache and named by its path there, for a command that
+    reads the files as a replica of this node would (`python -m app.runtime plan`, `build-engines`); `args` as they
+    are when every file is local. The files stay in the cache, unheld."""
+    if not any(is_remote(uri) for _, uri, _ in args.model_sources()):
+        return args
+    local = ModelFiles.for_node(args).local_all(args, list(args.variants))
+    local.release()
+    return local.args
