@@ -67,10 +67,14 @@ def test_a_variant_opens_its_file_its_fallback_the_gates_baseline_and_the_labels
 
 def test_the_user_configs_version_is_what_opens(tmp_path: Path) -> None:
     f = files(tmp_path)
-    v2 = tmp_path / "m-int8-v2.bin"
+    v2, fb2 = tmp_path / "m-int8-v2.bin", tmp_path / "m-fp16-v2.bin"
     v2.write_bytes(b"int8 v2 bytes")
-    local = ModelFiles(ModelCache(tmp_path / "cache")).local(args(f), "int8", str(v2), sha(v2))
+    fb2.write_bytes(b"fp16 v2 bytes")
+    version = {"model_path": str(v2), "sha256": sha(v2), "fallback_model_path": f"file://{fb2}"}
+    local = ModelFiles(ModelCache(tmp_path / "cache")).local(args(f), "int8", version)
     assert local.args.variants["int8"].model_path == str(v2) and local.model.sha256 == sha(v2)
+    fallback = local.args.variants["int8"].fallback
+    assert fallback is not None and fallback.model_path == str(fb2) and fallback.sha256 == sha(fb2)
 
 
 @pytest.mark.parametrize(

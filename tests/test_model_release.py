@@ -147,3 +147,13 @@ def test_a_release_in_place_under_load_loses_nothing(
     assert failed["serving"]["version"] == digest
     assert "sha256 mismatch" in failed["error"] and str(model_files.int8) in failed["error"]
     assert failed["target"] == {"uri": str(model_files.int8), "sha256": "0" * 64}
+
+    # A malformed version (not a digest): refused the same way, the replica neither fails nor restarts.
+    release({"model_path": str(model_files.int8), "sha256": "abc"})
+    malformed = wait_until(
+        lambda: (v := int8_version(url))["state"] == "failed" and "64 hex digits" in (v["error"] or "") and v,
+        120,
+        what="the malformed version refused",
+    )
+    assert malformed["serving"]["version"] == digest
+    assert httpx.get(url + "/v1/models").json()["variants"]["int8"]["replica_id"] == replica

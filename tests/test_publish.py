@@ -157,11 +157,13 @@ def check_blocks(model: Model, args_block: dict[str, Any], release: dict[str, An
     assert served.variants["int8"].fallback is not None
     assert served.variants["int8"].fallback.sha256 == sha256(files["m-fp16.onnx"])
     assert served.model.labels_sha256 == sha256(files["m-labels.txt"])
+    fallback = {"fallback_model_path": prefix + "m-fp16.onnx", "fallback_sha256": sha256(files["m-fp16.onnx"])}
     assert release == {
         "deployments": [
             {
                 "name": f"Classifier_{v}",
-                "user_config": {"model_path": prefix + f"m-{v}.onnx", "sha256": sha256(files[f"m-{v}.onnx"])},
+                "user_config": {"model_path": prefix + f"m-{v}.onnx", "sha256": sha256(files[f"m-{v}.onnx"])}
+                | (fallback if v == "int8" else {}),  # the INT8 variant's declared fallback, of the same version
             }
             for v in ("fp32", "int8")
         ]

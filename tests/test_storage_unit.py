@@ -187,6 +187,17 @@ def test_eviction_removes_the_least_recently_used_first_and_never_a_held_file(tm
     assert list((tmp_path / "locks").iterdir()) == [], "the lock files of evicted files go too"
 
 
+def test_room_for_a_download_is_made_before_it_starts(tmp_path: Path) -> None:
+    """The volume under the cache may be no larger than its limit: a download first evicts what it will need."""
+    from app.storage import eviction
+
+    cache = ModelCache(tmp_path, max_bytes=250)
+    a, b = (put_entry(cache.layout, bytes([i]) * 100, f"s3://b/{i}", float(i)) for i in range(2))
+    assert eviction.evict(cache.layout, 250, None, room=50) == []  # 200 + 50 fit
+    assert [e.sha256 for e in eviction.evict(cache.layout, 250, None, room=100)] == [a]  # 300 do not: the oldest goes
+    assert [e.sha256 for e in cache.entries()] == [b]
+
+
 def test_a_hold_by_another_process_is_seen_and_dies_with_it(tmp_path: Path) -> None:
     cache = ModelCache(tmp_path, max_bytes=0)
     d = put_entry(cache.layout, b"m" * 10, "s3://b/m", 1.0)

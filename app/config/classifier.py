@@ -19,6 +19,13 @@ class ClassifierConfig(_Strict):
         "None: args' model_path",
     )
     sha256: Sha256 = Field(None, description="model_path's SHA-256; with model_path only")
+    fallback_model_path: ModelUri | None = Field(
+        None,
+        description="the same version's build of the variant's declared fallback (args' fallback.model_path, which "
+        "serves where the variant's own build is refused); with model_path only, and required with it where args "
+        "declare a fallback: a release never pairs a new model with an old fallback",
+    )
+    fallback_sha256: Sha256 = Field(None, description="fallback_model_path's SHA-256")
 
     max_batch_size: int = Field(16, gt=0, le=256, description="images per ONNX Runtime call")
     batch_wait_timeout_s: float = Field(0.003, ge=0, le=1, description="how long a partial batch waits to fill")
@@ -31,7 +38,18 @@ class ClassifierConfig(_Strict):
     def _sha256_with_path(self) -> ClassifierConfig:
         if self.sha256 is not None and self.model_path is None:
             raise ValueError("sha256 without model_path: the digest pins the model_path beside it")
+        if self.fallback_model_path is not None and self.model_path is None:
+            raise ValueError(
+                "fallback_model_path without model_path: it is the fallback of the version model_path names"
+            )
+        if self.fallback_sha256 is not None and self.fallback_model_path is None:
+            raise ValueError("fallback_sha256 without fallback_model_path")
         return self
+
+    def version(self) -> dict[str, str | None]:
+        """The model version it names (empty: the args')."""
+        keys = ("model_path", "sha256", "fallback_model_path", "fallback_sha256")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
     def check_against(self, max_ongoing_requests: int) -> None:
         """Batches can only fill if a replica accepts enough requests at once."""

@@ -416,12 +416,11 @@ def release_block(bundle: Bundle, prefix_uri: str) -> dict[str, Any]:
     deployments = []
     for name, file_name in bundle.variants.items():
         f = bundle.files[file_name]
-        deployments.append(
-            {
-                "name": classifier_deployment_name(name),
-                "user_config": {"model_path": f"{prefix_uri}/{f.name}", "sha256": f.sha256},
-            }
-        )
+        user_config = {"model_path": f"{prefix_uri}/{f.name}", "sha256": f.sha256}
+        if name in bundle.fallbacks:  # the variant's declared fallback, of the same version
+            fb = bundle.files[bundle.fallbacks[name]]
+            user_config |= {"fallback_model_path": f"{prefix_uri}/{fb.name}", "fallback_sha256": fb.sha256}
+        deployments.append({"name": classifier_deployment_name(name), "user_config": user_config})
     return {"deployments": deployments}
 
 

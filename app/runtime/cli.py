@@ -31,11 +31,17 @@ import yaml
 from app.config import AppArgs, validate_serve_config
 from app.runtime.cuda_transform import nvimgcodec_installed, plan_decode
 from app.runtime.fallback import Serving, tensorrt_absence
-from app.runtime.model_files import fetched_here
 from app.runtime.openvino_engine import openvino_available
 from app.runtime.ort_engine import ort_version, tensorrt_version, usable_providers
 from app.runtime.plan import OPENVINO, TENSORRT, PlanError, RuntimeOptions, plan_engines
-from app.runtime.prebuild import BuildRefused, check_tensorrt_here, engine_builds, replica_threads_streams, run_build
+from app.runtime.prebuild import (
+    BuildRefused,
+    as_released,
+    check_tensorrt_here,
+    engine_builds,
+    replica_threads_streams,
+    run_build,
+)
 from app.runtime.select import model_sha256, tensorrt_for
 from app.runtime.spec import ModelLoadError
 from app.runtime.variants import fallback_options, runtime_options
@@ -48,7 +54,7 @@ def plan_config(
     needs TensorRT where it is not usable plans its declared fallback instead, and says so (`fallback`, `serving`).
     `listed`: `available` was given by hand, not read off this machine."""
     args: AppArgs = validate_serve_config(cfg)
-    args = fetched_here(args)  # remote files: into this node's cache, as a replica here would fetch them
+    args = as_released(cfg, args)  # the user_configs' versions, remote files fetched here as a replica would
     decode = plan_decode(args.decode_in, gpu, available, None if listed else nvimgcodec_installed())
     out: dict[str, Any] = {}
     for variant, v in args.variants.items():

@@ -80,15 +80,12 @@ class ModelFiles:
         c = args.model_cache
         return cls(ModelCache(c.resolved_dir(), c.max_bytes))
 
-    def local(
-        self, args: AppArgs, variant: str, model_path: str | None = None, sha256: str | None = None
-    ) -> LocalModel:
-        """`variant`'s files fetched (`model_path`/`sha256`: the user_config's version, overriding the args'), and
-        the args with them as local paths. ModelFileError (one line) when one cannot be had."""
-        if model_path is not None:
-            dumped = args.model_dump()
-            dumped["variants"][variant] |= {"model_path": model_path, "sha256": sha256}
-            args = AppArgs.model_validate(dumped)
+    def local(self, args: AppArgs, variant: str, version: dict[str, str | None] | None = None) -> LocalModel:
+        """`variant`'s files fetched (`version`: a user_config's `model_path`, `sha256`, `fallback_model_path`,
+        `fallback_sha256`, overriding the args'), and the args with them as local paths. ModelFileError (one line)
+        when one cannot be had, or when the version pairs a new model with the args' old fallback."""
+        if version and version.get("model_path") is not None:
+            args = with_version(args, variant, version)
         return self.local_all(args, [variant])
 
     def local_all(self, args: AppArgs, variants: list[str]) -> LocalModel:
@@ -157,3 +154,21 @@ def fetched_here(args: AppArgs) -> AppArgs:
     local = ModelFiles.for_node(args).local_all(args, list(args.variants))
     local.release()
     return local.args
+
+
+def with_version(args: AppArgs, variant: str, version: dict[str, str | None]) -> AppArgs:
+    """`args` with `variant`'s model (and its declared fallback) those of `version` (a user_config's)."""
+    dumped = args.model_dump()
+    entry = dumped["variants"][variant]
+    entry |= {"model_path": version["model_path"], "sha256": version.get("sha256")}
+    fallback = version.get("fallback_model_path")
+    if entry.get("fallback") is not None:
+        if fallback is None:
+            raise ModelFileError(
+                f"Classifier_{variant}: user_config.model_path names a new version, and args declare a fallback "
+                f"(variants.{variant}.fallback): give the same version's fallback_model_path (and fallback_sha256) too"
+            )
+        entry["fallback"] |= {"model_path": fallback, "sha256": version.get("fallback_sha256")}
+    elif fallback is not None:
+        raise ModelFileError(f"Classifier_{variant}: user_config.fallback_model_path, but args declare no fallback")
+    return AppArgs.model_validate(dumped)

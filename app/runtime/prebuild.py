@@ -19,7 +19,7 @@ from typing import Any
 
 from app.config import AppArgs, ClassifierConfig, classifier_deployment_name, validate_serve_config
 from app.runtime import threads_for
-from app.runtime.model_files import fetched_here
+from app.runtime.model_files import fetched_here, with_version
 from app.runtime.ort_engine import missing_libraries, ort_version, tensorrt_version, usable_providers
 from app.runtime.plan import TENSORRT, PlanError, Provider, RuntimeOptions, engine_build_key, plan_engines
 from app.runtime.select import build, engine_files_state, gpu_name, model_sha256, tensorrt_for
@@ -53,6 +53,17 @@ class EngineBuild:
 def _deployment(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     app = cfg["applications"][0]
     return next((d for d in app.get("deployments", []) if d.get("name") == name), {})
+
+
+def as_released(cfg: dict[str, Any], args: AppArgs) -> AppArgs:
+    """`args` with each variant's model the version its Classifier's user_config names (a release in place), every
+    remote file fetched into this node's cache: what the replicas of this node open."""
+    for variant in args.variants:
+        user_config = _deployment(cfg, classifier_deployment_name(variant)).get("user_config") or {}
+        version = ClassifierConfig.model_validate(user_config).version()
+        if version:
+            args = with_version(args, variant, version)
+    return fetched_here(args)
 
 
 def served_path(args: AppArgs, variant: str) -> str:
@@ -95,8 +106,7 @@ def engine_builds(cfg: dict[str, Any], key: dict[str, str] | None = None) -> lis
     chose (`app.runtime.variants.speed_gate_for`, with TensorRT chosen): its directory is the baseline replicas' own, so
     it is listed under them rather than built twice.
     """
-    args: AppArgs = validate_serve_config(cfg)
-    args = fetched_here(args)  # remote files: into this node's cache, as a replica here would fetch them
+    args = as_released(cfg, validate_serve_config(cfg))
     builds: dict[str, EngineBuild] = {}
 
     def add(variant: str, opts: RuntimeOptions, user: str) -> None:

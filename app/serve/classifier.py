@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import ray
+from pydantic import ValidationError
 from ray import serve
 
 from app.config import AppArgs, ClassifierConfig
@@ -74,24 +75,27 @@ class Classifier:
         assert self.versions.serving is not None, "reconfigure opens the model before any request"
         return self.versions.serving.engine
 
-    async def reconfigure(self, config: dict[str, Any]) -> None:
+    def reconfigure(self, config: dict[str, Any]) -> None:
         """At start (before any request) and on every user_config change: the model version it names (a new one is
-        released in place, `app.serve.model_release`), then the batching."""
-        cfg = self._checked(ClassifierConfig.model_validate(config or {}))
+        released in place, `app.serve.model_release`), then the batching. Serve runs it in a thread of the replica
+        (a plain method), so the event loop keeps serving while a new version is prepared."""
+        cfg = self._checked(self._validated(config or {}))
         versions = self.versions
+        opening = False
         if versions.serving is None:
-            versions.start(cfg)  # a failure fails the replica, one line naming the URI and the reason
+            versions.start(cfg)  # a failure of the args' version fails the replica, one line naming the URI
             opening = True
-        elif versions.changed(cfg):
+        elif (version := versions.wanted(cfg)) is not None:
             t0 = time.perf_counter()
-            new = await versions.release(cfg)  # prepared in a thread: this replica keeps serving meanwhile
-            if new is not None:  # no await from here to the decoder's open: a batch starts on one version or the other
+            new = versions.release(cfg, version)  # warmed up and measured: no reopen below
+            if new is not None:  # from the next batch on (each batch takes the version serving when it starts)
                 versions.switched(new, t0)
-            opening = False
-        else:
-            opening = self.model.needs_reopen(cfg, self.cfg)
-            if opening:
+            elif self.model.needs_reopen(cfg, self.cfg):  # refused: the serving engine takes the batching as asked
                 self.model.open(cfg)
+                opening = True
+        elif self.model.needs_reopen(cfg, self.cfg):
+            self.model.open(cfg)
+            opening = True
         model = self.model
         self._set_batching(cfg)
         self.decoder.open(cfg, model.io, model.engine, self.args.limits)
@@ -110,6 +114,20 @@ class Classifier:
             cfg.batch_wait_timeout_s,
             cfg.max_concurrent_batches,
         )
+
+    def _validated(self, config: dict[str, Any]) -> ClassifierConfig:
+        """The user_config; live, a malformed model version (a bad digest, plain http) is a refused release, not a
+        failed replica: the rest applies and the serving version stays."""
+        try:
+            return ClassifierConfig.model_validate(config)
+        except ValidationError as e:
+            version_keys = ("model_path", "sha256", "fallback_model_path", "fallback_sha256")
+            if self.cfg is None or not any(k in config for k in version_keys):
+                raise
+            rest = ClassifierConfig.model_validate({k: v for k, v in config.items() if k not in version_keys})
+            said = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'user_config'}: {err['msg']}" for err in e.errors())
+            self.versions.refuse_malformed({k: config.get(k) for k in version_keys}, said)
+            return rest.model_copy(update=self.versions.asked)
 
     def _checked(self, cfg: ClassifierConfig) -> ClassifierConfig:
         """At deploy a bad value fails the replica, naming the field; live it is logged (and clamped)."""
@@ -168,8 +186,17 @@ class Classifier:
         )
 
     async def _run_batch(self, items: list[Item]) -> list[Done]:
+        version = self.versions.serving
+        assert version is not None
+        version.enter()  # the batch keeps this version's engine open until it is done, even if a release switches
+        try:
+            return await self._run_on(version.engine, items)
+        finally:
+            version.leave()
+
+    async def _run_on(self, model: VariantEngine, items: list[Item]) -> list[Done]:
         arrived = time.perf_counter()
-        model, decoder = self.model, self.decoder
+        decoder = self.decoder
         with decoder.device_batch(items) as batch:  # decode_in: gpu, device mode: the batch's pixels stay on the device
             decoded = await decoder.decode(items, model.io, self._executor, batch)  # the whole batch in one call
             started = time.perf_counter()

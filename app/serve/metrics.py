@@ -273,7 +273,7 @@ class ClassifierMetrics:
 
     def record_cache(self, cache: dict[str, Any]) -> None:
         """The node's cache as `ModelFiles.describe` says it: what it holds, as of this replica's last look."""
-        self.cache_bytes.set(cache["bytes"])
+        self.held.replace(self.cache_bytes, [({}, cache["bytes"])])
         entries = cache["entries"]
         self.held.replace(
             self.cache_entry,

@@ -88,11 +88,8 @@ class VariantEngine:
         chosen = next((c for c in opened.plan.candidates if c.engine == opened.engine.name), opened.plan.candidates[0])
         self.profile = ProfilingTwin(self.variant, str(self.io.served.path), opts, chosen)
         engine = self.engine
-        serving = opened.serving
-        self.metrics.record_provider(
-            self.variant, engine.active_provider, engine.requested_providers, self.serving_precision
-        )
-        self.metrics.record_fallback(self.variant, serving.describe() if serving is not None else None)
+        self.report = None  # a reopened engine is measured again
+        self.record_metrics()
         described = engine.describe()
         logger.info(
             "Classifier_%s loaded %s (%s) on %s (%s), %d threads x %d parallel batches; CUDA graphs: %s",
@@ -105,6 +102,19 @@ class VariantEngine:
             opts.streams,
             (described.get("cuda_graphs") or {}).get("graph_batch_sizes", "off"),
         )
+
+    def record_metrics(self) -> None:
+        """This engine's gauges: what runs, the fallback in force, its start-up measurement (again after a refused
+        release, whose engine recorded its own)."""
+        if self.opened is None:
+            return
+        engine, serving = self.engine, self.opened.serving
+        self.metrics.record_provider(
+            self.variant, engine.active_provider, engine.requested_providers, self.serving_precision
+        )
+        self.metrics.record_fallback(self.variant, serving.describe() if serving is not None else None)
+        if self.report is not None:
+            self.metrics.record_start(self.variant, self.report)
 
     def warm_up(self, up_to: int) -> None:
         """Every batch size not yet run once, so no user request pays for first-run allocation."""

@@ -143,6 +143,8 @@ class ModelCache:
         """Download into place under the download lock of `key` (held by the caller)."""
         info = stat_or_fail(uri)
         self.layout.clean_temp(held=key)
+        if self.max_bytes is not None and info.size:  # room first: the volume under the cache may be no larger
+            eviction.evict(self.layout, self.max_bytes, None, room=info.size)
         got = download(uri, info, self.layout.new_temp(key), expected)
         record = Record(got.sha256, got.size, [uri], time.time())
         try:
@@ -161,8 +163,12 @@ class ModelCache:
         return CachedFile(path, record.sha256, record.size, uri, downloaded, seconds, hold)
 
     def _touch(self, record: Record, uri: str) -> None:
+        """The record's last use, best effort: a cache that cannot be written still serves what it holds."""
         record.used_from(uri)
-        self.layout.save(record)
+        try:
+            self.layout.save(record)
+        except OSError as e:
+            log.warning("model cache %s: could not record the use of %s: %s", self.layout.root, record.sha256, e)
 
     def _warn_unpinned(self, uri: str) -> None:
         with self._warned_lock:

@@ -63,9 +63,10 @@ def total_bytes(layout: Layout) -> int:
     return total
 
 
-def evict(layout: Layout, max_bytes: int, keep: str | None) -> list[CacheEntry]:
-    """Remove files no one holds until the cache is within `max_bytes`, never `keep`; what was removed. If what is
-    left is in use, the cache stays over its limit, and says so."""
+def evict(layout: Layout, max_bytes: int, keep: str | None, room: int = 0) -> list[CacheEntry]:
+    """Remove files no one holds until the cache is within `max_bytes` (with `room` bytes free: a download about to
+    start), never `keep`; what was removed. If what is left is in use, the cache stays over its limit, and says so."""
+    max_bytes = max(0, max_bytes - room)
     total = total_bytes(layout)
     if total <= max_bytes:
         return []
