@@ -91,3 +91,14 @@ def test_a_file_that_cannot_be_had_is_one_line_naming_the_field_and_the_uri(
     with pytest.raises(ModelFileError) as e:
         ModelFiles(ModelCache(tmp_path / "cache")).local(args(f, **int8), "int8")
     assert str(e.value).startswith(said.format(int8=f["int8"])) and "\n" not in str(e.value)
+
+
+def test_a_declared_fallback_that_cannot_be_had_fails_only_where_it_serves(tmp_path: Path) -> None:
+    """configs/prod.yaml's INT8 variant declares an FP16 fallback that a node with TensorRT never opens: its file
+    missing is not the variant's failure (opening it, where it would serve, says so)."""
+    f = files(tmp_path)
+    f["fp16"].unlink()
+    local = ModelFiles(ModelCache(tmp_path / "cache")).local(args(f), "int8")
+    fallback = local.args.variants["int8"].fallback
+    assert fallback is not None and fallback.model_path == str(f["fp16"])  # as declared: a use of it fails
+    assert "variants.int8.fallback.model_path" not in [s.field for s in local.sources]

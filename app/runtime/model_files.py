@@ -15,12 +15,15 @@ release the old version keeps serving and says why (`app.serve.model_release`).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.config import AppArgs
 from app.served_model.source import is_remote
 from app.storage import CachedFile, FetchError, ModelCache, ModelRef
+
+logger = logging.getLogger("ray.serve")
 
 
 class ModelFileError(RuntimeError):
@@ -106,26 +109,38 @@ class ModelFiles:
         if args.model.labels_path is not None:
             wanted["model.labels_path"] = (args.model.labels_path, args.model.labels_sha256)
         held: list[CachedFile] = []
+        got: dict[str, CachedFile] = {}
         try:
             for name, (uri, digest) in wanted.items():
-                held.append(self._fetch(name, uri, digest))
+                try:
+                    got[name] = self._fetch(name, uri, digest)
+                except ModelFileError as e:
+                    if ".fallback." not in name:
+                        raise
+                    # A declared fallback serves only where the variant's own build is refused: its file is needed
+                    # there alone, where opening it says what is wrong (as a missing local fallback always has).
+                    logger.warning("%s (needed only where the fallback serves)", e)
+                    continue
+                held.append(got[name])
         except BaseException:
             for f in held:
                 f.release()
             raise
-        sources = [
-            Source(name, f.uri, f.sha256, f.size, f.downloaded, f.seconds) for name, f in zip(wanted, held, strict=True)
-        ]
+        sources = [Source(n, f.uri, f.sha256, f.size, f.downloaded, f.seconds) for n, f in got.items()]
         dumped = args.model_dump()
-        for name, f in zip(wanted, held, strict=True):
+        for name, (uri, _) in wanted.items():
+            fetched = got.get(name)
             if name == "model.labels_path":
-                dumped["model"]["labels_path"] = str(f.path)
+                dumped["model"]["labels_path"] = str(fetched.path) if fetched else uri
                 continue
             variant = name.split(".")[1]
             entry = dumped["variants"][variant]
             if ".fallback." in name:
                 entry = entry["fallback"]
-            entry["model_path"], entry["sha256"] = str(f.path), f.sha256
+            if fetched is not None:
+                entry["model_path"], entry["sha256"] = str(fetched.path), fetched.sha256
+            elif is_remote(uri):  # not fetched: a path that is not there, so that only a use of it fails
+                entry["model_path"] = str(self.cache.root / "unfetched" / uri.rsplit("/", 1)[-1])
         return LocalModel(AppArgs.model_validate(dumped), sources, held)
 
     def _fetch(self, name: str, uri: str, sha256: str | None) -> CachedFile:
