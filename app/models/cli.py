@@ -43,27 +43,14 @@ def _check_onnx(path: Path, what: str) -> None:
 
 
 def declaration(config: Path, app: str | None) -> ModelDeclaration:
-    """`args.model` of the application in a Serve config file (the one given by name, else the first of this app)."""
-    import yaml
+    """`args.model` of the application in a Serve config file (`--app`: its index or name; default the first of this
+    app)."""
+    from app.config.app_file import AppFileError, read_app_args
 
-    from app.config import AppArgs
-
-    if not config.is_file():
-        raise CLIError(f"config not found: {config}")
     try:
-        cfg = yaml.safe_load(config.read_text())
-    except yaml.YAMLError as e:
-        raise CLIError(f"{config} is not YAML: {str(e).splitlines()[0]}") from None
-    apps = [a for a in (cfg or {}).get("applications") or [] if isinstance(a, dict)]
-    ours = [a for a in apps if a.get("import_path") == "app.main:build_app"]
-    chosen = [a for a in apps if a.get("name") == app] if app else ours[:1]
-    if not chosen:
-        names = [a.get("name") for a in ours]
-        raise CLIError(f"{config}: no application {app!r} of app.main:build_app; there are {names}")
-    try:
-        return AppArgs.model_validate(chosen[0].get("args") or {}).model
-    except ValueError as e:
-        raise CLIError(f"{config}: applications[{chosen[0].get('name')}].args: {e}") from None
+        return read_app_args(config, app).model
+    except AppFileError as e:
+        raise CLIError(str(e)) from None
 
 
 def _declared_for(path: Path, model: ModelDeclaration, what: str) -> None:
@@ -276,7 +263,9 @@ def _model_args(s: argparse.ArgumentParser, build_flags: tuple[str, ...], target
         help="the Serve config that declares the model (args.model): calibration and the report prepare images "
         "exactly as it is served",
     )
-    s.add_argument("--app", help="the application in --config (default: the first of app.main:build_app)")
+    s.add_argument(
+        "--app", help="the application in --config: its index or name (default: the first of app.main:build_app)"
+    )
     s.add_argument(
         "--target",
         choices=TARGETS,
@@ -366,7 +355,9 @@ def parser() -> argparse.ArgumentParser:
         help="the version's name (letters, digits, '.', '_', '-'); default sha256-<12 hex digits of the manifest's "
         "digest>, the same for the same bytes. A published version is never overwritten",
     )
-    pub.add_argument("--app", help="the application in --config: its index or name (default 0, the first)")
+    pub.add_argument(
+        "--app", help="the application in --config: its index or name (default: the first of app.main:build_app)"
+    )
     pub.add_argument("--json", action="store_true", help="print one JSON object (for scripts) instead of YAML")
     pub.set_defaults(func=cmd_publish)
     return p

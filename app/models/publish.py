@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from pydantic import ValidationError
-
 from app.config import AppArgs
+from app.config.app_file import AppFileError, read_app_args
 from app.config.classifier import classifier_deployment_name
 from app.served_model.source import is_remote
 
@@ -107,42 +106,6 @@ class Published:
 
 
 # --------------------------------------------------------------------------------------------- reading the config
-
-
-def read_app_args(config: Path, app: str | None) -> AppArgs:
-    """The `args` of one application of a Serve config file (by index or name; default the first), validated as a
-    deploy would (`app.config.check` reads configs the same way)."""
-    import yaml
-
-    if not config.is_file():
-        raise PublishError(f"config not found: {config}")
-    try:
-        cfg = yaml.safe_load(config.read_text())
-    except yaml.YAMLError as e:
-        raise PublishError(f"{config} is not YAML: {str(e).splitlines()[0]}") from None
-    apps = (cfg or {}).get("applications") if isinstance(cfg, dict) else None
-    if not isinstance(apps, list) or not apps:
-        raise PublishError(f"{config}: no applications")
-    key = app or "0"
-    if key.isdigit():
-        index = int(key)
-        if index >= len(apps):
-            raise PublishError(f"{config}: --app {index}: there are {len(apps)} applications")
-    else:
-        names = [a.get("name") if isinstance(a, dict) else None for a in apps]
-        if key not in names:
-            raise PublishError(f"{config}: --app {key!r}: the applications are {names}")
-        index = names.index(key)
-    chosen = apps[index] if isinstance(apps[index], dict) else {}
-    try:
-        return AppArgs.model_validate(chosen.get("args") or {})
-    except ValidationError as e:
-        problems = "; ".join(
-            ".".join(map(str, err["loc"])) + ": " + err["msg"] if err["loc"] else err["msg"] for err in e.errors()
-        )
-        raise PublishError(f"{config}: applications[{index}].args: {one_line(ValueError(problems))}") from None
-    except ValueError as e:
-        raise PublishError(f"{config}: applications[{index}].args: {one_line(e)}") from None
 
 
 def report_files(model_file: Path) -> list[Path]:
@@ -452,7 +415,11 @@ def render(pub: Published, bundle: Bundle, config: Path, app: str | None) -> str
 
 def run(config: Path, to: str, version: str | None, app: str | None, as_json: bool) -> str:
     """The whole command: read the config, collect and hash its files, publish, and the output to print."""
-    bundle = collect(read_app_args(config, app))
+    try:
+        args = read_app_args(config, app)
+    except AppFileError as e:
+        raise PublishError(str(e)) from None
+    bundle = collect(args)
     pub = publish(bundle, to, version)
     if as_json:
         return json.dumps(pub.to_json(), indent=2) + "\n"

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from ray import serve
 
 from app.config import AppArgs, ClassifierConfig
+from app.config.app_file import errors_line
 from app.errors import ServiceError
 from app.imaging.payloads import Encoded, Pixels, Scores
 from app.runtime import top_k
@@ -125,8 +126,7 @@ class Classifier:
             if self.cfg is None or not any(k in config for k in version_keys):
                 raise
             rest = ClassifierConfig.model_validate({k: v for k, v in config.items() if k not in version_keys})
-            said = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'user_config'}: {err['msg']}" for err in e.errors())
-            self.versions.refuse_malformed({k: config.get(k) for k in version_keys}, said)
+            self.versions.refuse_malformed({k: config.get(k) for k in version_keys}, errors_line(e, "user_config"))
             return rest.model_copy(update=self.versions.asked)
 
     def _checked(self, cfg: ClassifierConfig) -> ClassifierConfig:
