@@ -19,7 +19,7 @@ from app.config.base import _Strict
 from app.config.cascade import CASCADE_NAME, CascadeArgs
 from app.config.front import FrontArgs
 from app.config.limits import Limits
-from app.config.model_source import ModelCacheArgs
+from app.config.model_cache import ModelCacheArgs
 from app.served_model import BUILTIN_MODEL, default_files, is_builtin_file
 from app.served_model.declaration import ModelDeclaration
 from app.served_model.source import ModelUri, Sha256, is_remote, local_part

@@ -8,6 +8,8 @@ from pydantic import Field, model_validator
 from app.config.base import _Strict
 from app.served_model.source import ModelUri, Sha256
 
+VERSION_KEYS = ("model_path", "sha256", "fallback_model_path", "fallback_sha256")  # the model version it names
+
 
 class ClassifierConfig(_Strict):
     """A Classifier's user_config: dynamic batching and the model version, changed live through reconfigure."""
@@ -48,8 +50,7 @@ class ClassifierConfig(_Strict):
 
     def version(self) -> dict[str, str | None]:
         """The model version it names (empty: the args')."""
-        keys = ("model_path", "sha256", "fallback_model_path", "fallback_sha256")
-        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        return {k: getattr(self, k) for k in VERSION_KEYS if getattr(self, k) is not None}
 
     def check_against(self, max_ongoing_requests: int) -> None:
         """Batches can only fill if a replica accepts enough requests at once."""

@@ -22,6 +22,7 @@ from ray import serve
 
 from app.config import AppArgs, ClassifierConfig
 from app.config.app_file import errors_line
+from app.config.classifier import VERSION_KEYS
 from app.errors import ServiceError
 from app.imaging.payloads import Encoded, Pixels, Scores
 from app.runtime import top_k
@@ -122,11 +123,10 @@ class Classifier:
         try:
             return ClassifierConfig.model_validate(config)
         except ValidationError as e:
-            version_keys = ("model_path", "sha256", "fallback_model_path", "fallback_sha256")
-            if self.cfg is None or not any(k in config for k in version_keys):
+            if self.cfg is None or not any(k in config for k in VERSION_KEYS):
                 raise
-            rest = ClassifierConfig.model_validate({k: v for k, v in config.items() if k not in version_keys})
-            self.versions.refuse_malformed({k: config.get(k) for k in version_keys}, errors_line(e, "user_config"))
+            rest = ClassifierConfig.model_validate({k: v for k, v in config.items() if k not in VERSION_KEYS})
+            self.versions.refuse_malformed({k: config.get(k) for k in VERSION_KEYS}, errors_line(e, "user_config"))
             return rest.model_copy(update=self.versions.asked)
 
     def _checked(self, cfg: ClassifierConfig) -> ClassifierConfig:

@@ -64,11 +64,6 @@ class Version:
         self.files.release()
 
 
-def named(cfg: ClassifierConfig) -> dict[str, str | None]:
-    """The version a user_config names (empty: the args')."""
-    return cfg.version()
-
-
 def differing_inputs(old: VariantEngine, new: VariantEngine) -> str | None:
     """Why `new` cannot replace `old` under the same Router (None: it can): the images are decoded and transformed
     for the serving version's input, and its labels are what the Router answers with."""
@@ -127,7 +122,7 @@ class Releases:
         """The first version, at the replica's start: the one the user_config names, else (or if that one cannot
         serve) the args'. A failure of the args' version fails the replica (`serve status` shows it)."""
         t0 = time.perf_counter()
-        self.asked = named(cfg)
+        self.asked = cfg.version()
         failed: str | None = None
         if self.asked:
             try:
@@ -146,7 +141,7 @@ class Releases:
 
     def wanted(self, cfg: ClassifierConfig) -> dict[str, str | None] | None:
         """The version `cfg` asks for when it is a change to make (None: the serving one, or the one refused last)."""
-        version = named(cfg)
+        version = cfg.version()
         if self.serving is not None and version == self.serving.named and version != self.asked:
             self.asked, self.refused = version, None  # back to the version serving (a refused one reverted)
             self._serving_now()
