@@ -7,6 +7,7 @@ slow ones. Inflating runs inline for small bodies and on a thread for large ones
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol
@@ -16,6 +17,7 @@ from starlette.requests import ClientDisconnect, Request
 from app.config import Limits, RouterConfig
 from app.errors import ServiceError
 from app.request.body_gate import INLINE_INFLATE_BYTES, BodyGate, check_encoding, content_length, inflate
+from app.tracing import spans
 
 if TYPE_CHECKING:  # a type only: the Router's metrics are made and handed in by the deployment
     from app.http.ports import Metrics
@@ -47,7 +49,7 @@ class BodyReader:
 
     async def receive(self, request: Request, max_bytes: int | None = None) -> bytes:
         """The whole body through the body gate, before the request is admitted: 413/408 here."""
-        cfg = self.live.config
+        cfg, t0 = self.live.config, time.perf_counter()
         try:
             body = await self.gate.read(
                 request.stream(),
@@ -61,6 +63,8 @@ class BodyReader:
             self.client_gone()
             raise ServiceError("bad_request", "the client closed the connection before its body arrived") from None
         self.metrics.body_received(len(body))
+        if spans.ENABLED:
+            spans.record("read body", t0, time.perf_counter(), {"http.request.body.size": len(body)})
         return body
 
     async def inflate(self, raw: bytes, encoding: str | None, max_bytes: int) -> bytes:

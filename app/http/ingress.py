@@ -4,6 +4,9 @@ dispatch, in the protocol's error shape; any other to its route, exact or templa
 Before a handler runs: the admission front's mark is noted, the URL's size is checked, an admin route's bearer
 token is checked; after: an error of any kind is the endpoint's JSON error (V2: the protocol's), never a 500
 page, and the replica keeps serving.
+
+Traced (`app.tracing.spans`): each request is an HTTP server span, a child of Serve's span for it or of the caller's
+`traceparent`, current while its handler runs; a recorded one's `traceparent` goes back in the reply's header.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from app.http.routes import Routes
 from app.http.v2_rest import V2
 from app.protocol import v2 as proto
 from app.request.guards import check_admin, check_url
+from app.tracing import spans
 
 logger = logging.getLogger("ray.serve")
 
@@ -34,6 +38,35 @@ class Ingress:
         self.front = front
 
     async def __call__(self, request: Request) -> Response:
+        if spans.ENABLED:
+            return await self._traced(request)
+        return await self._handle(request)
+
+    async def _traced(self, request: Request) -> Response:
+        """The request as an HTTP server span (OpenTelemetry's HTTP semantic conventions): a 5xx is its error status,
+        a 4xx is the client's (error.type set, status left unset, as the conventions say for a server span)."""
+        h = request.headers
+        parent = spans.incoming(h.get("traceparent"), h.get("tracestate"))
+        attributes = {"http.request.method": request.method, "url.path": request.url.path, "url.scheme": "http"}
+        span = spans.start(request.method, parent, "SERVER", attributes)
+        try:
+            with spans.use(span):
+                response = await self._handle(request)
+        except BaseException as e:  # the client went away (cancelled): the span says so and ends
+            spans.annotate({"error.type": type(e).__name__}, span)
+            span.end()
+            raise
+        status = response.status_code
+        spans.annotate({"http.response.status_code": status}, span)
+        if status >= 500:
+            spans.fail(span, f"HTTP {status}")
+        header = spans.traceparent(span)
+        if header is not None:
+            response.headers["traceparent"] = header
+        span.end()
+        return response
+
+    async def _handle(self, request: Request) -> Response:
         self.front.saw(request.headers.get("x-app-front"))
         path = app_path(request).rstrip("/") or "/"
         is_v2 = proto.is_v2_path(path)
@@ -53,6 +86,7 @@ class Ingress:
             return self.replies.error("other", ServiceError("method_not_allowed", f"{request.method} not allowed"))
         if params:  # a template's parameters, where Starlette keeps them (request.path_params)
             request.scope["path_params"] = params
+        spans.name_route(request.method, route.path)
         try:
             if route.admin:
                 anyone = self.policy.config.allow_unauthenticated_admin

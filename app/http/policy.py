@@ -19,6 +19,7 @@ from app.pipeline.routing import Choice, WeightedSplit, choose_variant
 from app.pipeline.service import Pipeline
 from app.request.guards import MIN_ADMIN_TOKEN_CHARS, admin_token
 from app.rollout.board import config_id
+from app.tracing import spans
 
 if TYPE_CHECKING:  # a type only: the Router's metrics are made and handed in by the deployment
     from app.http.ports import Metrics
@@ -137,17 +138,15 @@ class RouterPolicy:
         headers: an HTTP request's, or another protocol's call's (gRPC metadata), case-insensitive.
         """
         if pinned is not None:
-            return Choice(pinned, "model")
-        cfg, split = self.config, self.split
-        assert split is not None
-        return choose_variant(
-            split,
-            self.known,
-            headers.get(cfg.sticky_header),
-            headers.get(cfg.override_header),
-            cfg.allow_override,
-            self.rng,
-        )
+            choice = Choice(pinned, "model")
+        else:
+            cfg, split = self.config, self.split
+            assert split is not None
+            sticky, override = headers.get(cfg.sticky_header), headers.get(cfg.override_header)
+            choice = choose_variant(split, self.known, sticky, override, cfg.allow_override, self.rng)
+        if spans.ENABLED:  # the routing decision, on the request's span
+            spans.annotate({"app.variant": choice.variant, "app.routing.reason": choice.reason})
+        return choice
 
     def user(self, headers: Mapping[str, str]) -> str | None:
         """Who sent the request, as the sticky header says (None: not said)."""

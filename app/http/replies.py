@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 from app.errors import ServiceError
 from app.protocol import v2
+from app.tracing import spans
 
 logger = logging.getLogger("ray.serve")
 
@@ -58,6 +59,8 @@ class Replies:
     def error(self, endpoint: str, err: ServiceError, variant: str | None = None) -> Response:
         """v1: {"error": {"code", "message"}} with the status table's status."""
         self.metrics.error(endpoint, err.code, err.status, variant or err.variant or "none")
+        if spans.ENABLED:
+            spans.annotate({"error.type": err.code, "app.variant": variant or err.variant})
         return error_response(err)
 
     def v2_error(self, err: ServiceError, fields: dict[str, Any] | None = None) -> Response:
@@ -65,6 +68,8 @@ class Replies:
         answers even when it fails (a health reply's `ready`)."""
         status, body = v2.v2_error(err)
         self.metrics.error("/v2", err.code, status, err.variant or "none")
+        if spans.ENABLED:
+            spans.annotate({"error.type": err.code, "app.variant": err.variant})
         return json_response({**(fields or {}), **body}, status, err.headers())
 
     def success(self, endpoint: str, variant: str, timings: dict[str, float]) -> dict[str, str]:

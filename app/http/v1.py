@@ -19,6 +19,7 @@ from app.http.replies import model_response, state_response
 from app.http.report import RouterReport
 from app.pipeline.group_run import Outcome, ms
 from app.protocol import v1
+from app.tracing import spans
 
 if TYPE_CHECKING:  # a type only: the Router's metrics are made and handed in by the deployment
     pass
@@ -31,6 +32,15 @@ def _score(p: float) -> float:
     """A probability to 6 digits, within [0, 1]: a graph declared `output: probabilities` may overshoot by a
     rounding error (1.0000005), which the reply's schema would refuse."""
     return min(1.0, max(0.0, round(p, 6)))
+
+
+def _trace_field() -> str:
+    """` trace_id=<hex>` for the log line of a recorded request: the line, its reply's traceparent and its trace find
+    each other."""
+    if not spans.ENABLED:
+        return ""
+    tid = spans.trace_id()
+    return f" trace_id={tid}" if tid else ""
 
 
 class V1:
@@ -107,14 +117,20 @@ class V1:
             body = v1.ClassifyResponse(**self._classification(outcome, 0, rid, top_k, labels), timings_ms=took)
         pipeline.evidence.stats.record_request(outcome.variant, timings["total"], ok=True)  # the reply is built
         logger.info(
-            "classify request_id=%s variant=%s status=200 total_ms=%.1f", rid, outcome.variant, timings["total"]
+            "classify request_id=%s variant=%s status=200 total_ms=%.1f%s",
+            rid,
+            outcome.variant,
+            timings["total"],
+            _trace_field(),
         )
         return model_response(body, headers=self.replies.success(endpoint, outcome.variant, timings))
 
     def _failed(self, endpoint: str, rid: str, e: ServiceError, variant: str) -> Response:
         if e.status >= 500:
             self.pipeline.evidence.stats.record_request(variant, 0.0, ok=False)
-        logger.info("classify request_id=%s variant=%s status=%d code=%s", rid, variant, e.status, e.code)
+        logger.info(
+            "classify request_id=%s variant=%s status=%d code=%s%s", rid, variant, e.status, e.code, _trace_field()
+        )
         return self.replies.error(endpoint, e, variant)
 
     def _entry_error(self, endpoint: str, err: ServiceError) -> v1.BatchEntryError:

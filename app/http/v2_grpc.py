@@ -27,12 +27,17 @@ from app.http.v2_dataplane import V2DataPlane
 from app.protocol import v2
 from app.protocol.v2 import grpc as v2_grpc
 from app.protocol.v2.pb import grpc_service_pb2 as pb
+from app.tracing import spans
 
 if TYPE_CHECKING:
     pass
 
 logger = logging.getLogger("ray.serve")
 ENDPOINT = "grpc"
+SERVICE = "inference.GRPCInferenceService"
+# The status codes a gRPC server span marks as its error (OpenTelemetry's RPC semantic conventions); the others are the
+# caller's (an invalid argument, a resource exhausted).
+SERVER_ERRORS = frozenset(("UNKNOWN", "DEADLINE_EXCEEDED", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS"))
 
 
 def metadata_headers(context: Any) -> Headers:
@@ -49,6 +54,34 @@ class GRPC:
     async def call(self, method: str, msg: Any, context: Any) -> Any:
         """One RPC to its handler in RPCS: its answer, or an empty message with the error's status set on the
         context."""
+        if spans.ENABLED:
+            return await self._traced(method, msg, context)
+        return await self._call(method, msg, context)
+
+    async def _traced(self, method: str, msg: Any, context: Any) -> Any:
+        """The RPC as a gRPC server span (OpenTelemetry's RPC conventions), a child of Serve's span or of the caller's
+        `traceparent` metadata; a recorded one's traceparent goes back in the trailing metadata."""
+        headers = metadata_headers(context)
+        parent = spans.incoming(headers.get("traceparent"), headers.get("tracestate"))
+        attributes = {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": method}
+        span = spans.start(f"{SERVICE}/{method}", parent, "SERVER", attributes)
+        try:
+            with spans.use(span):
+                reply = await self._call(method, msg, context)
+        finally:
+            code = context.code() if context is not None else None
+            name = getattr(code, "name", "OK") if code is not None else "OK"
+            spans.annotate({"rpc.grpc.status_code": code.value[0] if code is not None else 0}, span)
+            if name in SERVER_ERRORS:
+                spans.fail(span, name)
+            header = spans.traceparent(span)
+            if header is not None and context is not None:
+                kept = [kv for kv in context.trailing_metadata() or () if kv[0] != "request_id"]
+                context.set_trailing_metadata([*kept, ("traceparent", header)])
+            span.end()
+        return reply
+
+    async def _call(self, method: str, msg: Any, context: Any) -> Any:
         t0 = time.perf_counter()
         try:
             return await BY_NAME[method].handler(self, msg, metadata_headers(context))
@@ -63,6 +96,8 @@ class GRPC:
     def _fail(self, method: str, msg: Any, context: Any, e: ServiceError, t0: float) -> Any:
         self.ops.record_failure(e, msg.model_name if method == "ModelInfer" else "", time.perf_counter() - t0)
         self.metrics.error(ENDPOINT, e.code, e.status, e.variant or "none")
+        if spans.ENABLED:
+            spans.annotate({"error.type": e.code, "app.variant": e.variant})
         if context is not None:
             code, details, trailing = v2_grpc.status_of(e)
             context.set_code(code)

@@ -21,6 +21,7 @@ from app.http.v2_dataplane import V2DataPlane
 from app.protocol import v2
 from app.protocol.v2.parse_pool import parse_request
 from app.request.body_gate import check_encoding
+from app.tracing import spans
 
 if TYPE_CHECKING:
     from app.protocol.paths import PathTable
@@ -47,6 +48,7 @@ class V2:
                 raise ServiceError("not_found", f"no route {request.url.path}")
             route, params = matched
             name = route.name
+            spans.name_route(request.method, route.path)
             return await route.handler(request, params)
         except ServiceError as e:
             self.ops.record_failure(e, params.get("model", "") if name == "infer" else "", time.perf_counter() - t0)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.errors import ServiceError
+from app.tracing import spans
 
 # A request joins the queue when its expected wait is within this share of the queue's time budget. The measured
 # rate moves (batches finish in bursts, a window is 3 s): filled to the very edge, the tail of the queue would
@@ -201,12 +202,15 @@ class Admission:
         if self.in_flight < limits.in_flight and not self._queue:
             self.in_flight += 1
         else:
-            arrived = time.monotonic()
+            arrived, queued = time.monotonic(), time.perf_counter()
             try:
                 self._may_wait(limits, size, user)
                 await self._wait_for_slot(limits, size, user)
             except ServiceError as refusal:
                 raise await self._paced(limits, refusal, size, time.monotonic() - arrived) from None
+            finally:  # traced: the wait for a slot (a request that found one free waited for nothing: no span)
+                if spans.ENABLED:
+                    spans.record("admission wait", queued, time.perf_counter(), {"app.queued_bytes": size})
         try:
             yield
         except asyncio.CancelledError:

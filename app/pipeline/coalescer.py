@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from app.errors import ServiceError
+from app.tracing import spans
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
@@ -31,6 +32,7 @@ class Waiter:
     future: asyncio.Future[Any]
     enqueued: float = field(default_factory=time.perf_counter)
     group: Group | None = None  # once sent
+    trace: Any = None  # traced: the request's context (its span), which the group's span links to
 
     @property
     def gone(self) -> bool:
@@ -48,10 +50,14 @@ class Group:
 GroupRunner = Callable[[Any, list[Waiter]], Awaitable[list[Any]]]
 
 
-def detached_task(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+def detached_task(coro: Coroutine[Any, Any, T], trace: Any = None) -> asyncio.Task[T]:
     """A task that belongs to no request: it starts from an empty context, so Serve does not file its
-    downstream calls under the request that happened to start it (nor cancel them with that request)."""
-    return contextvars.Context().run(asyncio.get_running_loop().create_task, coro)
+    downstream calls under the request that happened to start it (nor cancel them with that request).
+    `trace`: a span's context (`spans.current()`) the task's spans and calls are traced under, that alone carried."""
+    ctx = contextvars.Context()
+    if trace is not None:
+        ctx.run(spans.attach, trace)
+    return ctx.run(asyncio.get_running_loop().create_task, coro)
 
 
 class Coalescer(Generic[K]):
@@ -68,7 +74,7 @@ class Coalescer(Generic[K]):
         Cancelled (its client went away): it is not sent, or if its group is out and every request
         in it has gone, the group is cancelled with its downstream calls.
         """
-        waiter = Waiter(images, extra, asyncio.get_running_loop().create_future())
+        waiter = Waiter(images, extra, asyncio.get_running_loop().create_future(), trace=spans.current())
         self._pending[key].append(waiter)
         self._send(key)
         try:

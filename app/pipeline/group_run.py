@@ -28,6 +28,7 @@ from app.pipeline.ports import Backend, Call
 from app.pipeline.routing import Choice, WeightedSplit
 from app.pipeline.shadow import SHADOW_TOP_K, Shadow
 from app.request.guards import wall_deadline
+from app.tracing import spans
 
 logger = logging.getLogger("ray.serve")
 T = TypeVar("T")
@@ -147,6 +148,29 @@ class GroupRun:
 
     async def group(self, key: Key, group: list[Waiter]) -> list[Outcome]:
         """A coalesced group: its images decoded and classified in one trip, each request's share of the answer."""
+        if spans.ENABLED:
+            return await self._traced(key, group)
+        return await self._group(key, group)
+
+    async def _traced(self, key: Key, group: list[Waiter]) -> list[Outcome]:
+        """The group as one span: a child of its first recorded request's span, linked to every request's; its
+        Preprocessor and Classifier calls are its children. Each request's wait in the Router's queue is a span of its
+        own trace, linked to the group's: a request that rode in another's group finds the group's calls by it."""
+        started = time.perf_counter()
+        contexts = [w.trace for w in group]
+        parent = spans.first_sampled(contexts)
+        if parent is None:  # no request of the group is recorded: nor is the group
+            return await self._group(key, group)
+        images = sum(len(w.images) for w in group)
+        attributes = {"app.variant": key[0], "app.group.requests": len(group), "app.group.images": images}
+        with spans.span("coalesced group", attributes, parent=parent, links=contexts) as span:
+            try:
+                return await self._group(key, group)
+            finally:
+                for w in group:
+                    spans.record("router queue", w.enqueued, started, None, parent=w.trace, links=[span])
+
+    async def _group(self, key: Key, group: list[Waiter]) -> list[Outcome]:
         assert self.settings is not None
         started = time.perf_counter()
         asks: list[Ask] = [w.extra for w in group]
@@ -223,7 +247,14 @@ class GroupRun:
         assert self.settings is not None
         await self._check(cascade)
         deadline = received + self.settings.inference_timeout_s
-        return await self.cascader.run(cascade, scores, pixels, top_k, full, deadline, source)
+        if not spans.ENABLED:
+            return await self.cascader.run(cascade, scores, pixels, top_k, full, deadline, source)
+        attributes = {"app.cascade": cascade.name, "app.cascade.first": cascade.first, "app.cascade.then": cascade.then}
+        with spans.span("cascade second stage", attributes) as span:
+            answer, escalation = await self.cascader.run(cascade, scores, pixels, top_k, full, deadline, source)
+            done = {"app.cascade.escalated": len(escalation.rows), "app.cascade.failed": escalation.failed}
+            spans.annotate(done, span)
+            return answer, escalation
 
     async def _check(self, cascade: CascadeState) -> None:
         """Once per cascade: `then` takes the pixels decoded for `first` (the same input size), else no escalation."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from app.imaging.payloads import Scores
@@ -20,6 +20,7 @@ from app.pipeline.cascade_rule import escalate, margin
 from app.pipeline.cascade_stage import Cascader, Cascades, CascadeState, Escalation, Source, Top
 from app.pipeline.coalescer import detached_task
 from app.pipeline.ports import Backend, Call, ShadowMetrics
+from app.tracing import spans
 
 logger = logging.getLogger("ray.serve")
 SHADOW_TOP_K = 5  # the classifier always returns at least this many, so a shadow pair can compare top-5
@@ -120,7 +121,11 @@ class Shadow:
         if len(self.running) >= max_in_flight:  # shed shadows first under load
             self._lost(primary.variant, other, rows, "dropped")
             return rows
-        task = detached_task(self._run(primary, other, pixels, rows, escalation, source))
+        run = self._run(primary, other, pixels, rows, escalation, source)
+        if spans.ENABLED:  # traced: a child of the group's span, which its own task does not carry
+            task = detached_task(self._traced(run, other, len(rows)), spans.current())
+        else:
+            task = detached_task(run)
         self.running.add(task)
         task.add_done_callback(self.running.discard)
         return rows
@@ -129,6 +134,11 @@ class Shadow:
         for _ in rows:
             self.evidence.stats.record_dropped_shadow(variant, other)
         self.metrics.shadow_outcome(_pair(variant, other), outcome, len(rows))
+
+    @staticmethod
+    async def _traced(run: Coroutine[Any, Any, None], other: str, rows: int) -> None:
+        with spans.span("shadow", {"app.shadow.variant": other, "app.shadow.rows": rows}):
+            await run
 
     async def _run(
         self,

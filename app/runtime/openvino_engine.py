@@ -138,6 +138,10 @@ class OpenVinoEngine:
     def rows_for(self, n: int) -> int:
         return n
 
+    def graph_bucket(self, n: int) -> None:
+        """No CUDA graphs on OpenVINO's CPU plugin."""
+        return None
+
     def run_device(self, batch: DeviceBatch, n: int, outputs: list[str] | None = None) -> list[np.ndarray]:
         raise NotImplementedError("OpenVINO reads host arrays only (device_input() is None)")
 

@@ -266,6 +266,10 @@ class OrtEngine:
         """The rows a plain run of `n` images binds (GPU sessions: padded to a multiple of PAD_STEP)."""
         return padded_rows(n, self.opts.tensorrt.max_batch_size) if self.on_gpu else n
 
+    def graph_bucket(self, n: int) -> int | None:
+        """The CUDA graph bucket a batch of `n` replays (its padded rows), None where it runs plain."""
+        return self.graphs.bucket_of(n) if self.graphs is not None else None
+
     def run_device(self, batch: DeviceBatch, n: int, outputs: list[str] | None = None) -> list[np.ndarray]:
         """The outputs for rows 0..n-1 of `batch`, read in place (decode_in: gpu): a plain session binds the buffer by
         pointer, rows_for(n) rows (the padding rows are whatever the buffer holds; their outputs are dropped); a CUDA

@@ -98,6 +98,10 @@ class Engine(Protocol):
         """The rows a batch of `n` images binds (padding included): a DeviceBatch must hold that many."""
         ...
 
+    def graph_bucket(self, n: int) -> int | None:
+        """The CUDA graph bucket a batch of `n` replays (its padded rows); None: a plain run."""
+        ...
+
     def run_device(self, batch: DeviceBatch, n: int, outputs: list[str] | None = None) -> list[np.ndarray]:
         """The outputs for rows 0..n-1 of `batch`, read in place (only where `device_input()` is not None)."""
         ...

@@ -49,6 +49,7 @@ class Item:
     arrived: float
     encoded: list[bytes] | None = None
     wall_deadline: float | None = None
+    trace: Any = None  # traced: the request's context (`app.serve.batch_trace` links the batch to it)
 
     def __len__(self) -> int:
         return len(self.pixels) if self.pixels is not None else len(self.encoded or ())

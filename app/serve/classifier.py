@@ -26,11 +26,14 @@ from app.config.classifier import VERSION_KEYS
 from app.errors import ServiceError
 from app.imaging.payloads import Encoded, Pixels, Scores
 from app.runtime import top_k
+from app.serve import batch_trace
 from app.serve.batch_decoder import BatchDecoder, Done, Item, join, split
 from app.serve.metrics import ClassifierMetrics
 from app.serve.model_release import Releases
 from app.serve.serve_internals import max_ongoing_requests, replica_id
+from app.serve.tracing import turn_on_here
 from app.serve.variant_engine import VariantEngine
+from app.tracing import spans
 
 logger = logging.getLogger("ray.serve")
 
@@ -57,6 +60,7 @@ class Classifier:
 
     def __init__(self, variant: str, args: dict[str, Any], transform: dict[str, Any] | None = None) -> None:
         """transform: the model's, as the deploy read it (VariantEngine checks this node's file against it)."""
+        turn_on_here()
         self.variant = variant
         self.args = AppArgs.model_validate(args)
         num_cpus = float(ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0))
@@ -169,6 +173,9 @@ class Classifier:
         assert self._batch is not None and self.cfg is not None, "reconfigure runs before any request"
         io = self.model.io
         items = split(pixels, rows, time.perf_counter(), self.cfg.max_batch_size, io)
+        if spans.ENABLED:  # each item carries its request's span into the batch (batch_trace)
+            for it in items:
+                it.trace = spans.current()
         done = await asyncio.gather(*(self._batch(it) for it in items))
         logits, errors, positions, preprocess_ms = join(pixels, done, rows)
         best = [top_k(row, top) for row in io.probabilities(logits)] if logits is not None else []
@@ -190,11 +197,11 @@ class Classifier:
         assert version is not None
         version.enter()  # the batch keeps this version's engine open until it is done, even if a release switches
         try:
-            return await self._run_on(version.engine, items)
+            return await self._run_on(version.engine, items, version.files.model.sha256)
         finally:
             version.leave()
 
-    async def _run_on(self, model: VariantEngine, items: list[Item]) -> list[Done]:
+    async def _run_on(self, model: VariantEngine, items: list[Item], sha256: str | None = None) -> list[Done]:
         arrived = time.perf_counter()
         decoder = self.decoder
         with decoder.device_batch(items) as batch:  # decode_in: gpu, device mode: the batch's pixels stay on the device
@@ -207,9 +214,13 @@ class Classifier:
             n = len(x)
             loop = asyncio.get_running_loop()
             logits = await loop.run_in_executor(executor, model.infer, x) if n else np.zeros((0, len(model.io.labels)))
-        inference_ms = _ms(time.perf_counter() - started)
+        ended = time.perf_counter()
+        inference_ms = _ms(ended - started)
         if n:
             self.metrics.record_batch(self.variant, n, inference_ms)
+        if spans.ENABLED:
+            name = (self.args.model.name, sha256)
+            batch_trace.record(items, self.variant, model.engine, name, (arrived, started, ended), n)
         out = []
         for it, pick, d in zip(items, picks, decoded, strict=True):
             queue_ms = _ms(arrived - it.arrived)

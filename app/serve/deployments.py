@@ -33,6 +33,7 @@ from app.serve.handles import RolloutPorts, ServeBackend
 from app.serve.metrics import RolloutMetrics, RouterMetrics
 from app.serve.preprocessor import Decoder
 from app.serve.serve_internals import replica_id, request_id
+from app.serve.tracing import turn_on_here
 
 logger = logging.getLogger("ray.serve")
 TICK_S = 1.0  # the rollout controller's decision period
@@ -146,6 +147,7 @@ class Router:
     ) -> None:
         """transform: the model's (app.imaging.transform.Transform.to_dict()), as the deploy read it from the model's
         files; None where they were not on its node: the first request asks a Classifier."""
+        turn_on_here()  # the app's spans, where Serve traces this process
         parsed = AppArgs.model_validate(args)
         decoder = Decoder(parsed.limits) if parsed.decode_in == "router" else None  # gpu: the Classifiers decode
         backend = ServeBackend(preprocessor, classifiers, ledger, controller, decoder)

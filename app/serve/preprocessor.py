@@ -25,6 +25,8 @@ from app.imaging.payloads import Pixels
 from app.imaging.preprocess import check_header, preprocess
 from app.imaging.transform import Transform
 from app.serve.serve_internals import replica_id
+from app.serve.tracing import turn_on_here
+from app.tracing import spans
 
 
 def _assigned_cpus() -> float:
@@ -67,7 +69,16 @@ class Decoder:
         started by then is not started: the call fails with inference_timeout (503). An image already
         decoding finishes (its thread cannot be stopped) and keeps its reservation until it does.
         Cancelled (Serve cancels the call when the client goes), it stops before the next image.
+
+        Traced: a `preprocess` span (images, bytes), a child of Serve's span for the call, and one `decode` span per
+        image (its format, pixels and bytes; its wait for a decode slot included).
         """
+        if spans.ENABLED:
+            with spans.span("preprocess", {"app.images": len(images), "app.bytes": sum(map(len, images))}):
+                return await self._many(images, size, deadline_s)
+        return await self._many(images, size, deadline_s)
+
+    async def _many(self, images: list[bytes], size: Transform | int, deadline_s: float | None) -> Pixels:
         t0 = time.perf_counter()
         transform = Transform.square(size) if isinstance(size, int) else size
         rows, positions, errors = [], [], {}
@@ -88,8 +99,16 @@ class Decoder:
         return Pixels(array, round((time.perf_counter() - t0) * 1000.0, 3), errors, positions)
 
     async def _one(self, data: bytes, transform: Transform, timeout: float | None) -> np.ndarray:
+        if not spans.ENABLED:
+            return await self._decode(data, transform, timeout)
+        with spans.span("decode", {"app.image.bytes": len(data)}) as span:
+            return await self._decode(data, transform, timeout, span)
+
+    async def _decode(self, data: bytes, transform: Transform, timeout: float | None, span: Any = None) -> np.ndarray:
         """One image: the header checks here (a refusal waits for nothing), then the decode under its cost."""
         info, cost = check_header(data, self.max_pixels, transform.decode_target, self.max_decode_bytes)
+        if span is not None:
+            spans.annotate({"app.image.format": info.format, "app.image.pixels": info.width * info.height}, span)
         return await self.budget.run(
             cost,
             preprocess,
@@ -112,6 +131,7 @@ class Preprocessor(Decoder):
     def __init__(self, limits: dict[str, Any]) -> None:
         """`limits`: `Limits.model_dump()`."""
         super().__init__(Limits.model_validate(limits))
+        turn_on_here()
 
     def describe(self) -> dict[str, Any]:
         return {"replica_id": replica_id(), "node_id": ray.get_runtime_context().get_node_id(), **super().describe()}

@@ -160,3 +160,14 @@ def haproxy_maxconn() -> int:
     from ray.serve._private.constants import RAY_SERVE_HAPROXY_MAXCONN
 
     return int(RAY_SERVE_HAPROXY_MAXCONN)
+
+
+def tracing_enabled() -> bool:
+    """Whether Serve set tracing up in this process (private: ray.serve._private.tracing_utils.is_tracing_enabled,
+    Ray 2.60; its replicas set it up before the deployment's constructor runs). False if that cannot be read."""
+    try:
+        from ray.serve._private.tracing_utils import is_tracing_enabled
+
+        return bool(is_tracing_enabled())
+    except Exception:
+        return False

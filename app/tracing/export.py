@@ -1,0 +1,186 @@
+"""Span processors from the standard OTEL_* variables: OTLP over HTTP (`http/protobuf`, the default) or gRPC, behind a
+bounded queue.
+
+The exporters read their own variables (OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, _HEADERS, _TIMEOUT, _COMPRESSION,
+_CERTIFICATE); the resource reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES. The protocol is
+OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else OTEL_EXPORTER_OTLP_PROTOCOL.
+
+The queue: OpenTelemetry's BatchSpanProcessor exports from a thread of its own; in front of it `BoundedSpanProcessor`
+counts the spans it holds, and at OTEL_BSP_MAX_QUEUE_SIZE (2048) a span that ends is dropped and counted, never waited
+for: a collector that is slow or gone costs spans, not requests. A failed export counts its spans too.
+
+The sampler: Serve builds each process's TracerProvider with `ParentBasedTraceIdRatio` at its own ratio
+(RAY_SERVE_TRACING_SAMPLING_RATIO, or the Serve config's `tracing_config.sampling_ratio`). Where OTEL_TRACES_SAMPLER is
+set, `provider_from_env` sets the process's provider first, from the OTEL_* variables (`parentbased_traceidratio`
+with OTEL_TRACES_SAMPLER_ARG, ...); OpenTelemetry keeps the first provider a process sets, so Serve's spans and the
+app's use that sampler, and a caller's sampling decision stands under either.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+PROTOCOLS = ("http/protobuf", "grpc")
+DEFAULT_MAX_QUEUE = 2048  # OpenTelemetry's default for OTEL_BSP_MAX_QUEUE_SIZE
+OnDrop = Callable[[int, str], None]  # (spans, reason: queue_full | export_failed)
+OnExport = Callable[[int], None]  # spans the exporter accepted
+_OVERRIDE_WARNING = "Overriding of current TracerProvider is not allowed"
+
+
+def protocol(env: Mapping[str, str]) -> str:
+    """The OTLP protocol the variables ask for; an unknown one is an error naming the variable."""
+    name = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+    if not env.get(name):
+        name = "OTEL_EXPORTER_OTLP_PROTOCOL"
+    value = (env.get(name) or "http/protobuf").strip().lower()
+    if value not in PROTOCOLS:
+        raise ValueError(f"{name}={value!r}: this service exports traces over {' or '.join(PROTOCOLS)}")
+    return value
+
+
+def exporter(env: Mapping[str, str]) -> SpanExporter:
+    """The OTLP span exporter for `protocol(env)`; it reads its endpoint, headers and timeout itself."""
+    if protocol(env) == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    return HttpExporter()
+
+
+def _int_env(name: str, default: int, env: Mapping[str, str] | None = None) -> int:
+    raw = (os.environ if env is None else env).get(name, "")
+    try:
+        value = int(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: not an integer") from None
+    if value < 1:
+        raise ValueError(f"{name}={value}: must be at least 1")
+    return value
+
+
+def max_queue(env: Mapping[str, str]) -> int:
+    """The spans a process holds for export at most (OTEL_BSP_MAX_QUEUE_SIZE, 2048)."""
+    return _int_env("OTEL_BSP_MAX_QUEUE_SIZE", DEFAULT_MAX_QUEUE, env)
+
+
+class _Released(SpanExporter):
+    """The exporter, telling the gate how many spans left the queue (and how many an export failed)."""
+
+    def __init__(self, inner: SpanExporter, gate: BoundedSpanProcessor) -> None:
+        self.inner, self.gate = inner, gate
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.gate.release(len(spans))
+        try:
+            result = self.inner.export(spans)
+        except Exception:
+            result = SpanExportResult.FAILURE
+        if result is not SpanExportResult.SUCCESS:
+            self.gate.dropped(len(spans), "export_failed")
+        else:
+            self.gate.accepted(len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+class BoundedSpanProcessor(SpanProcessor):
+    """A BatchSpanProcessor that never holds more than `limit` spans: the one that would exceed it is dropped and
+    counted (`on_drop`), so the processor neither blocks a request nor grows without bound."""
+
+    def __init__(
+        self, inner: SpanExporter, limit: int, on_drop: OnDrop, on_export: OnExport | None = None, **batch: Any
+    ) -> None:
+        self.limit = limit
+        self.on_drop, self.on_export = on_drop, on_export
+        self.held = 0
+        self.exported = 0
+        self.drops: dict[str, int] = {}
+        self._lock = threading.Lock()
+        # The export batch fits the queue (OpenTelemetry refuses a larger one): OTEL_BSP_MAX_EXPORT_BATCH_SIZE, 512.
+        batch.setdefault("max_export_batch_size", min(_int_env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), limit))
+        self._batch = BatchSpanProcessor(_Released(inner, self), max_queue_size=limit, **batch)
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        pass
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.context is None or not span.context.trace_flags.sampled:
+            return
+        with self._lock:
+            full = self.held >= self.limit
+            if not full:
+                self.held += 1
+        if full:
+            self.dropped(1, "queue_full")
+            return
+        self._batch.on_end(span)
+
+    def release(self, n: int) -> None:
+        with self._lock:
+            self.held = max(0, self.held - n)
+
+    def dropped(self, n: int, reason: str) -> None:
+        with self._lock:
+            self.drops[reason] = self.drops.get(reason, 0) + n
+        _count(self.on_drop, n, reason)
+
+    def accepted(self, n: int) -> None:
+        with self._lock:
+            self.exported += n
+        if self.on_export is not None:
+            _count(self.on_export, n)
+
+    def shutdown(self) -> None:
+        self._batch.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._batch.force_flush(timeout_millis)
+
+
+def _count(metric: Callable[..., None], *args: Any) -> None:
+    try:
+        metric(*args)
+    except Exception:  # a metric that cannot be recorded must not fail a span's end or an export
+        logging.getLogger(__name__).debug("span count not recorded", exc_info=True)
+
+
+def processor(
+    on_drop: OnDrop, on_export: OnExport | None = None, env: Mapping[str, str] | None = None
+) -> BoundedSpanProcessor:
+    """The OTLP exporter for the variables, behind the bounded queue (OTEL_BSP_SCHEDULE_DELAY and
+    OTEL_BSP_MAX_EXPORT_BATCH_SIZE are read by the BatchSpanProcessor itself)."""
+    env = os.environ if env is None else env
+    return BoundedSpanProcessor(exporter(env), max_queue(env), on_drop, on_export)
+
+
+class _DropOverrideWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _OVERRIDE_WARNING not in record.getMessage()
+
+
+def provider_from_env(env: Mapping[str, str] | None = None) -> bool:
+    """Where OTEL_TRACES_SAMPLER is set, this process's TracerProvider from the OTEL_* variables (sampler, resource),
+    set before Serve sets its own (which OpenTelemetry then ignores, with a warning this filters out). True if set."""
+    env = os.environ if env is None else env
+    if not env.get("OTEL_TRACES_SAMPLER"):
+        return False
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    trace.set_tracer_provider(TracerProvider())  # sampler: OTEL_TRACES_SAMPLER(_ARG); resource: OTEL_SERVICE_NAME...
+    logging.getLogger("opentelemetry.trace").addFilter(_DropOverrideWarning())
+    return True

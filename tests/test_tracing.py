@@ -1,0 +1,203 @@
+"""One trace per request, served: configs/local.yaml on the session's Ray cluster with tracing on, a Preprocessor
+deployment (decode_in: preprocessor) and spans exported by OTLP to receivers started here (tests/otlp_receiver.py),
+which decode the exporters' real requests: the Router exports over gRPC, the Preprocessor and Classifiers over HTTP.
+
+Tracing is turned on as an operator does, by Serve's variable and the standard OTEL_* ones in the application's
+runtime_env. The sampler is OTEL_TRACES_SAMPLER's `parentbased_traceidratio` at 0 while Serve's own ratio is 1: a
+request is traced only where its caller's traceparent says sampled, which shows both that the OTEL_* sampler is the one
+in force and that a caller's decision stands. Classifier_int8 batches up to 2 and waits 1 s for the second, so two
+concurrent requests share one batch.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as triton
+
+from app.imaging.preprocess import preprocess
+from app.protocol.v2.pb import grpc_service_pb2 as pb
+from app.protocol.v2.pb import grpc_service_pb2_grpc as pb_grpc
+from app.served_model import ModelFiles, builtin_transform
+from app.storage import sha256_file
+from app.toolchain.samples import sample_bytes
+from tests.conftest import ServeDeployer, deployment, local_config
+from tests.otlp_receiver import Receivers, Span, Spans
+from tests.test_v2_http import INT8
+
+pytestmark = pytest.mark.slow
+SERVER, SAMPLED = 2, "01"
+
+
+@dataclass
+class Traced:
+    app: ServeDeployer
+    spans: Spans
+    int8_sha256: str
+
+
+@pytest.fixture(scope="module")
+def traced(local_app: ServeDeployer, model_files: ModelFiles) -> Iterator[Traced]:
+    with Receivers() as receivers:
+        cfg = local_config(model_files)
+        app = cfg["applications"][0]
+        app["args"]["decode_in"] = "preprocessor"
+        app["runtime_env"] = {
+            "env_vars": {
+                "RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH": "app.serve.tracing:span_processors",
+                "RAY_SERVE_TRACING_SAMPLING_RATIO": "1.0",
+                "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                "OTEL_TRACES_SAMPLER_ARG": "0",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": receivers.http_url,
+                "OTEL_SERVICE_NAME": "image-classifier-test",
+                "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS": "otel,process",
+                "OTEL_BSP_SCHEDULE_DELAY": "100",
+            }
+        }
+        router = deployment(cfg, "Router")
+        router["ray_actor_options"]["runtime_env"] = {
+            "env_vars": {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": receivers.grpc_url}
+        }
+        deployment(cfg, "Classifier_int8")["user_config"].update(
+            max_batch_size=2, batch_wait_timeout_s=1.0, max_concurrent_batches=1
+        )
+        local_app.deploy(cfg, 300)
+        try:
+            yield Traced(local_app, receivers.sink, sha256_file(model_files.int8))
+        finally:
+            local_app.deploy(local_config(model_files), 300)
+
+
+def caller(sampled: bool = True) -> tuple[str, str, str]:
+    """(trace id, span id, traceparent) of a caller's span."""
+    tid, sid = secrets.token_hex(16), secrets.token_hex(8)
+    return tid, sid, f"00-{tid}-{sid}-{SAMPLED if sampled else '00'}"
+
+
+def one(spans: list[Span], name: str) -> Span:
+    found = [s for s in spans if s.name == name]
+    assert len(found) == 1, (name, [s.name for s in spans])
+    return found[0]
+
+
+def classify(url: str, image: bytes, traceparent: str | None) -> httpx.Response:
+    headers = {"content-type": "image/png", "X-Model-Variant": "int8"}
+    if traceparent is not None:
+        headers["traceparent"] = traceparent
+    return httpx.post(url + "/v1/classify", content=image, headers=headers, timeout=30)
+
+
+NAMES = {"POST /v1/classify", "coalesced group", "router queue", "preprocess", "decode", "classifier batch"}
+
+
+def test_a_request_with_a_traceparent_is_one_trace_across_the_router_preprocessor_and_classifier(
+    traced: Traced,
+) -> None:
+    image = sample_bytes("coffee")
+    tid, sid, header = caller()
+    reply = classify(traced.app.url, image, header)
+    assert reply.status_code == 200, reply.text
+    back = reply.headers["traceparent"].split("-")
+    assert back[1] == tid and back[3] == SAMPLED
+
+    spans = traced.spans.wait_for(lambda t: {s.name for s in t} >= NAMES and "batch queue" in {s.name for s in t}, tid)
+    ids = {s.span_id for s in spans}
+    assert all(s.parent_span_id in ids or s.parent_span_id == sid for s in spans), "one tree under the caller's span"
+    server = one(spans, "POST /v1/classify")
+    assert server.span_id == back[2] and server.kind == SERVER and server.status == 0
+    assert server.attributes["http.route"] == "/v1/classify" and server.attributes["http.response.status_code"] == 200
+    assert server.attributes["app.variant"] == "int8" and server.attributes["app.routing.reason"] == "override"
+    assert server.via == "grpc" and server.resource["service.name"] == "image-classifier-test"
+    # Serve's spans are there too, the app's under them: its proxy-less ingress span on the Router, each handle call.
+    assert any(s.name.startswith("replica_handle_request Router") for s in spans)
+    assert any(s.name.startswith("route_to_replica Classifier_int8") for s in spans)
+    # Three processes: the Router's, a Preprocessor's, Classifier_int8's.
+    pids = {s.resource["process.pid"] for s in spans}
+    assert len(pids) >= 3
+    decode = one(spans, "decode")
+    assert decode.via == "http" and decode.resource["process.pid"] != server.resource["process.pid"]
+    assert decode.attributes["app.image.format"] == "png" and decode.attributes["app.image.bytes"] == len(image)
+    assert decode.attributes["app.image.pixels"] == 400 * 600
+    batch = one(spans, "classifier batch")
+    assert batch.attributes["app.batch.images"] == 1 and batch.attributes["app.model.sha256"] == traced.int8_sha256
+    assert batch.attributes["app.engine"] in ("onnxruntime", "openvino") and batch.attributes["app.execution_provider"]
+    assert batch.attributes["app.batch.cuda_graph"] is False
+    assert batch.resource["process.pid"] not in (server.resource["process.pid"], decode.resource["process.pid"])
+    assert (tid, batch.span_id) in one(spans, "batch queue").links
+    group = one(spans, "coalesced group")
+    assert (tid, group.span_id) in one(spans, "router queue").links
+
+
+def test_two_requests_batched_together_both_link_to_the_one_batch_span(traced: Traced) -> None:
+    """Ready pixels (V2 UINT8) go straight from each request to Classifier_int8, whose batch waits for the second."""
+    pixels = preprocess(sample_bytes("chelsea"), builtin_transform())[None]
+    callers = [caller(), caller()]
+
+    def infer(header: str) -> Any:
+        client = triton.InferenceServerClient(traced.app.url.removeprefix("http://"), network_timeout=60)
+        inp = triton.InferInput("image", list(pixels.shape), "UINT8")
+        inp.set_data_from_numpy(pixels, binary_data=True)
+        return client.infer(INT8, [inp], headers={"traceparent": header})
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(infer, [h for _, _, h in callers]))
+    assert all(int(np.argmax(r.as_numpy("logits"))) == 282 for r in results)
+
+    queued = []
+    for tid, _, _ in callers:
+        spans = traced.spans.wait_for(lambda t: "batch queue" in {s.name for s in t}, tid)
+        (link,) = one(spans, "batch queue").links
+        queued.append(link)
+    assert queued[0] == queued[1], "both requests waited for the same batch"
+    batch_trace, batch_id = queued[0]
+    (batch,) = traced.spans.where(lambda s: s.span_id == batch_id)
+    assert batch.name == "classifier batch" and batch.attributes["app.batch.requests"] == 2
+    assert {t for t, _ in batch.links} == {tid for tid, _, _ in callers}  # linked to both requests' spans
+    assert batch.trace_id == batch_trace in {tid for tid, _, _ in callers}  # a child of the first of them
+
+
+def test_the_callers_decision_stands_and_a_refused_request_is_the_clients_error(traced: Traced) -> None:
+    url = traced.app.url
+    image = sample_bytes("coffee")
+    unsampled = caller(sampled=False)
+    assert "traceparent" not in classify(url, image, unsampled[2]).headers  # the caller said: not sampled
+    assert "traceparent" not in classify(url, image, None).headers  # no caller: OTEL_TRACES_SAMPLER_ARG 0 says no
+
+    tid, _, header = caller()
+    bad = classify(url, b"not an image at all", header)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "undecodable_image"
+    spans = traced.spans.wait_for(lambda t: any(s.kind == SERVER and s.name.startswith("POST") for s in t), tid)
+    server = one(spans, "POST /v1/classify")
+    assert server.attributes["http.response.status_code"] == 400
+    assert server.attributes["error.type"] == "undecodable_image" and server.status == 0  # a 4xx: the client's
+    # Exports are per process and ordered: the sampled request's spans are in, the unsampled caller's never came.
+    assert traced.spans.of_trace(unsampled[0]) == []
+
+
+def test_a_grpc_call_is_a_server_span_continuing_the_callers_metadata(traced: Traced) -> None:
+    pixels = preprocess(sample_bytes("coffee"), builtin_transform())[None]
+    request = pb.ModelInferRequest(model_name=INT8)
+    request.inputs.add(name="image", datatype="UINT8", shape=list(pixels.shape))
+    request.raw_input_contents.append(pixels.tobytes())
+    tid, sid, header = caller()
+    with grpc.insecure_channel(traced.app.grpc_url) as channel:
+        _, call = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer.with_call(
+            request, metadata=[("traceparent", header)], timeout=60
+        )
+    trailing = dict(call.trailing_metadata() or ())
+    assert trailing["traceparent"].split("-")[1] == tid
+    spans = traced.spans.wait_for(lambda t: "classifier batch" in {s.name for s in t}, tid)
+    server = one(spans, "inference.GRPCInferenceService/ModelInfer")
+    assert server.kind == SERVER and server.span_id == trailing["traceparent"].split("-")[2]
+    assert server.attributes["rpc.system"] == "grpc" and server.attributes["rpc.method"] == "ModelInfer"
+    assert server.attributes["rpc.grpc.status_code"] == 0 and server.attributes["app.routing.reason"] == "model"
+    ids = {s.span_id for s in spans}
+    assert all(s.parent_span_id in ids or s.parent_span_id == sid for s in spans)
