@@ -177,7 +177,6 @@ def test_a_coalesced_group_is_one_span_under_its_first_request_linked_to_all_and
             w = waits[r.get_span_context().span_id]
             assert w.context.trace_id == r.get_span_context().trace_id
             assert [link.context.span_id for link in w.links] == [shared.context.span_id]
-            assert w.start_time <= w.end_time
 
     with _perf_is_loop_time():
         run(go())

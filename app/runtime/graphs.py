@@ -362,10 +362,6 @@ class GraphRunner:
     def active(self) -> bool:
         return any(not s.off and s.buckets for s in self._slots) and bool(self.table)
 
-    def bucket_of(self, n: int) -> int | None:
-        """The bucket whose graph a batch of `n` replays (None: a plain run)."""
-        return self.table.get(n) if self.active else None
-
     def summary(self) -> str:
         off = [f"slot {s.index}: {s.off}" for s in self._slots if s.off]
         if not self.active:

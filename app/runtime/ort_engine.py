@@ -268,7 +268,8 @@ class OrtEngine:
 
     def graph_bucket(self, n: int) -> int | None:
         """The CUDA graph bucket a batch of `n` replays (its padded rows), None where it runs plain."""
-        return self.graphs.bucket_of(n) if self.graphs is not None else None
+        graphs = self.graphs
+        return graphs.table.get(n) if graphs is not None and graphs.active else None
 
     def run_device(self, batch: DeviceBatch, n: int, outputs: list[str] | None = None) -> list[np.ndarray]:
         """The outputs for rows 0..n-1 of `batch`, read in place (decode_in: gpu): a plain session binds the buffer by

@@ -1,19 +1,14 @@
-"""Span processors from the standard OTEL_* variables: OTLP over HTTP (`http/protobuf`, the default) or gRPC, behind a
-bounded queue.
+"""Span processors from the standard OTEL_* variables: OTLP over HTTP (`http/protobuf`, the default) or gRPC
+(OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL), behind a bounded queue. The exporters read their own endpoint, headers,
+timeout and certificate variables; the resource reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES.
 
-The exporters read their own variables (OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, _HEADERS, _TIMEOUT, _COMPRESSION,
-_CERTIFICATE); the resource reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES. The protocol is
-OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else OTEL_EXPORTER_OTLP_PROTOCOL.
-
-The queue: OpenTelemetry's BatchSpanProcessor exports from a thread of its own; in front of it `BoundedSpanProcessor`
+The queue: OpenTelemetry's BatchSpanProcessor exports on a thread of its own; `BoundedSpanProcessor` in front of it
 counts the spans it holds, and at OTEL_BSP_MAX_QUEUE_SIZE (2048) a span that ends is dropped and counted, never waited
-for: a collector that is slow or gone costs spans, not requests. A failed export counts its spans too.
+for: a slow or absent collector costs spans, not requests. A failed export counts its spans too.
 
-The sampler: Serve builds each process's TracerProvider with `ParentBasedTraceIdRatio` at its own ratio
-(RAY_SERVE_TRACING_SAMPLING_RATIO, or the Serve config's `tracing_config.sampling_ratio`). Where OTEL_TRACES_SAMPLER is
-set, `provider_from_env` sets the process's provider first, from the OTEL_* variables (`parentbased_traceidratio`
-with OTEL_TRACES_SAMPLER_ARG, ...); OpenTelemetry keeps the first provider a process sets, so Serve's spans and the
-app's use that sampler, and a caller's sampling decision stands under either.
+The sampler: Serve builds each process's TracerProvider with `ParentBasedTraceIdRatio` at its own ratio. Where
+OTEL_TRACES_SAMPLER is set, `provider_from_env` sets the provider first, from the OTEL_* variables; OpenTelemetry keeps
+a process's first provider, so Serve's spans and the app's use that sampler. A caller's decision stands under either.
 """
 
 from __future__ import annotations
