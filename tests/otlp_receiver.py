@@ -1,6 +1,7 @@
-"""OTLP receivers for the tracing tests: what a collector's `otlp` receiver does, over HTTP (POST /v1/traces,
-protobuf) and over gRPC (opentelemetry.proto.collector.trace.v1.TraceService/Export), decoding the wire format into
-plain records. The collector itself cannot be installed here; these take the exporters' real requests.
+"""OTLP receivers for the tracing tests and benchmarks.tracing_cost: what a collector's `otlp` receiver does, over
+HTTP (POST /v1/traces, protobuf) and over gRPC (opentelemetry.proto.collector.trace.v1.TraceService/Export), decoding
+the wire format into plain records. The collector itself cannot be installed here; these take the exporters' real
+requests. `hold()` stalls both (each export waits until `release()`), as a collector that stopped answering does.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import gzip
 import http.server
 import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -18,7 +20,17 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as svc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as svc_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from tests.conftest import wait_until
+HOLD_LIMIT_S = 60.0  # a held export goes on by itself after this: a failed test never hangs an exporter for good
+
+
+def poll_until(predicate: Callable[[], Any], timeout_s: float, what: str = "") -> Any:
+    """Poll `predicate` until it returns something truthy; fail at the deadline (no sleep stands in for an event)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if got := predicate():
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
 
 
 def _value(v: AnyValue) -> Any:
@@ -51,8 +63,18 @@ class Spans:
     spans: list[Span] = field(default_factory=list)
     requests: dict[str, int] = field(default_factory=lambda: {"http": 0, "grpc": 0})
     lock: threading.Lock = field(default_factory=threading.Lock)
+    flowing: threading.Event = field(default_factory=threading.Event)  # cleared: every export waits (hold)
+    keep: bool = True  # False: spans are counted, not kept (a benchmark's long run)
+    count: int = 0
 
     def take(self, request: svc.ExportTraceServiceRequest, via: str) -> None:
+        self.flowing.wait(HOLD_LIMIT_S)
+        if not self.keep:
+            n = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+            with self.lock:
+                self.count += n
+                self.requests[via] += 1
+            return
         got = []
         for rs in request.resource_spans:
             resource = {a.key: _value(a.value) for a in rs.resource.attributes}
@@ -76,6 +98,7 @@ class Spans:
                     )
         with self.lock:
             self.spans.extend(got)
+            self.count += len(got)
             self.requests[via] += 1
 
     def of_trace(self, trace_id: str) -> list[Span]:
@@ -88,7 +111,7 @@ class Spans:
 
     def wait_for(self, predicate: Callable[[list[Span]], bool], trace_id: str, timeout_s: float = 60) -> list[Span]:
         """The trace's spans once `predicate` holds of them (exports arrive in batches, from several processes)."""
-        return wait_until(lambda: (t := self.of_trace(trace_id)) and predicate(t) and t, timeout_s, what=trace_id)
+        return poll_until(lambda: (t := self.of_trace(trace_id)) and predicate(t) and t, timeout_s, what=trace_id)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -127,6 +150,7 @@ class Receivers:
 
     def __init__(self) -> None:
         self.sink = Spans()
+        self.sink.flowing.set()
         handler = type("Handler", (_Handler,), {"sink": self.sink})
         self._http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._grpc = grpc.server(futures.ThreadPoolExecutor(4))
@@ -141,7 +165,15 @@ class Receivers:
         self._grpc.start()
         return self
 
+    def hold(self) -> None:
+        """Every export from now on waits (until `release`, or HOLD_LIMIT_S): a collector that stalls."""
+        self.sink.flowing.clear()
+
+    def release(self) -> None:
+        self.sink.flowing.set()
+
     def __exit__(self, *exc: object) -> None:
+        self.release()
         self._http.shutdown()
         self._http.server_close()
         self._grpc.stop(None)

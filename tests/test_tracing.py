@@ -29,8 +29,9 @@ from app.protocol.v2.pb import grpc_service_pb2_grpc as pb_grpc
 from app.served_model import ModelFiles, builtin_transform
 from app.storage import sha256_file
 from app.toolchain.samples import sample_bytes
-from tests.conftest import ServeDeployer, deployment, local_config
+from tests.conftest import ServeDeployer, deployment, local_config, wait_until
 from tests.otlp_receiver import Receivers, Span, Spans
+from tests.test_observability import scrape, total
 from tests.test_v2_http import INT8
 
 pytestmark = pytest.mark.slow
@@ -40,8 +41,12 @@ SERVER, SAMPLED = 2, "01"
 @dataclass
 class Traced:
     app: ServeDeployer
-    spans: Spans
+    receivers: Receivers
     int8_sha256: str
+
+    @property
+    def spans(self) -> Spans:
+        return self.receivers.sink
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +69,18 @@ def traced(local_app: ServeDeployer, model_files: ModelFiles) -> Iterator[Traced
         }
         router = deployment(cfg, "Router")
         router["ray_actor_options"]["runtime_env"] = {
-            "env_vars": {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": receivers.grpc_url}
+            "env_vars": {
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": receivers.grpc_url,
+                "OTEL_BSP_MAX_QUEUE_SIZE": "32",  # a stalled collector fills it within a few requests (the last test)
+            }
         }
         deployment(cfg, "Classifier_int8")["user_config"].update(
             max_batch_size=2, batch_wait_timeout_s=1.0, max_concurrent_batches=1
         )
         local_app.deploy(cfg, 300)
         try:
-            yield Traced(local_app, receivers.sink, sha256_file(model_files.int8))
+            yield Traced(local_app, receivers, sha256_file(model_files.int8))
         finally:
             local_app.deploy(local_config(model_files), 300)
 
@@ -201,3 +210,24 @@ def test_a_grpc_call_is_a_server_span_continuing_the_callers_metadata(traced: Tr
     assert server.attributes["rpc.grpc.status_code"] == 0 and server.attributes["app.routing.reason"] == "model"
     ids = {s.span_id for s in spans}
     assert all(s.parent_span_id in ids or s.parent_span_id == sid for s in spans)
+
+
+def test_a_stalled_collector_costs_spans_counted_as_dropped_never_a_request(traced: Traced) -> None:
+    """The receivers hold every export: the Router's queue (32 spans here) fills and its spans are dropped and
+    counted, while every request is answered as before."""
+    dropped = "ray_app_trace_spans_dropped_total"
+    before = total(scrape(), dropped, reason="queue_full")
+    traced.receivers.hold()
+    try:
+        headers = {"content-type": "image/png", "X-Model-Variant": "fp32"}
+        image = sample_bytes("coffee")
+        url = traced.app.url + "/v1/classify"
+        with httpx.Client(timeout=30) as client:
+            statuses = [
+                client.post(url, content=image, headers=headers | {"traceparent": caller()[2]}).status_code
+                for _ in range(12)
+            ]
+        assert statuses == [200] * 12
+        wait_until(lambda: total(scrape(), dropped, reason="queue_full") > before, 60, what="drops counted")
+    finally:
+        traced.receivers.release()

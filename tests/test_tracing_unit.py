@@ -334,3 +334,19 @@ def test_the_protocol_and_queue_come_from_the_standard_variables() -> None:
     grpc_exporter.shutdown()
     http_exporter.shutdown()
     assert export.provider_from_env({}) is False  # no OTEL_TRACES_SAMPLER: Serve's provider and ratio stand
+
+
+def test_a_cascades_second_stage_is_a_child_of_the_group_and_says_what_it_escalated(traced: Traced) -> None:
+    from tests.test_cascade_serving_unit import CASCADE, VALUES, CascadeBackend, cascade_pipeline, classify
+
+    s, token = request_span(traced)
+    try:
+        classify(cascade_pipeline(CascadeBackend(), margin=1.0), VALUES)  # margin 1: every image goes on to `then`
+    finally:
+        otel_context.detach(token)
+        s.end()
+    (group,), (second,) = traced.named("coalesced group"), traced.named("cascade second stage")
+    assert group.parent.span_id == s.get_span_context().span_id
+    assert second.parent.span_id == group.context.span_id
+    assert second.attributes["app.cascade"] == CASCADE and second.attributes["app.cascade.then"] == "fp32"
+    assert second.attributes["app.cascade.escalated"] == len(VALUES)

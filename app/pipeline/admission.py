@@ -202,7 +202,8 @@ class Admission:
         if self.in_flight < limits.in_flight and not self._queue:
             self.in_flight += 1
         else:
-            arrived, queued = time.monotonic(), time.perf_counter()
+            arrived = time.monotonic()
+            queued = time.perf_counter() if spans.ENABLED else 0.0
             try:
                 self._may_wait(limits, size, user)
                 await self._wait_for_slot(limits, size, user)
