@@ -13,6 +13,9 @@ per request at c=8 ("batch", FP32 and INT8). The configurations run in alternati
 1.0, then 1.0, 0.01, off, ...), so drift on a shared machine hits each alike; the figures are medians over rounds.
 CPU per image is the server's whole process tree (Ray's daemons, Serve's controller, HAProxy, the replicas).
 
+With `--before REF` a fourth configuration runs in the same rounds: the code of that commit (a git worktree first on
+PYTHONPATH, so the server and its Ray workers import its `app`), tracing absent, the baseline "off" is compared with.
+
 Then a stalled collector: tracing at 1.0 with the receiver holding every export and OTEL_BSP_MAX_QUEUE_SIZE at 256:
 requests that failed, throughput and CPU against the run at 1.0, spans received meanwhile.
 
@@ -22,8 +25,10 @@ Writes <stamp>-<host>-tracing-cost.json, .md and .png under benchmarks/results/.
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,13 +50,26 @@ WORKLOADS = ("sweep", "batch")
 
 
 def target(config: str, endpoint: str, extra: dict[str, str] | None = None) -> bench.Target:
-    env = {} if config == "off" else {"RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH": HOOK}
-    if config != "off":
+    traced = config not in ("off", "before")
+    env = {"RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH": HOOK} if traced else {}
+    if traced:
         env |= {"RAY_SERVE_TRACING_SAMPLING_RATIO": config, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}
         env |= {"OTEL_SERVICE_NAME": "image-classifier-bench"}
     env |= extra or {}
     name = f"this app, tracing {config}"
     return bench.Target(f"app_trace_{config}", name, "local", 8000, WORKLOADS, sweep=(8,), env=tuple(env.items()))
+
+
+def worktree(ref: str, log_dir: Path) -> Path:
+    """`ref`'s tree checked out beside this one; its `app` is the one a server started with it first on PYTHONPATH
+    imports (checked here, as the server's processes will)."""
+    path = log_dir / "before"
+    subprocess.run(["git", "-C", str(bench.REPO), "worktree", "add", "--detach", str(path), ref], check=True)
+    env = {**os.environ, "PYTHONPATH": str(path)}
+    where = subprocess.run([sys.executable, "-c", "import app; print(app.__file__)"], env=env, capture_output=True)
+    if not where.stdout.decode().startswith(str(path)):
+        raise RuntimeError(f"PYTHONPATH={path} does not put {ref}'s app first: {where.stdout!r} {where.stderr!r}")
+    return path
 
 
 def served(steps: list[dict[str, Any]]) -> int:
@@ -242,15 +260,17 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     groups = sorted({(r["workload"], r["variant"]) for r in result["summary"]})
+    configs = list(dict.fromkeys(r["config"] for r in result["summary"]))
     fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / len(CONFIGS)
-    for i, config in enumerate(CONFIGS):
+    width = 0.8 / len(configs)
+    for i, config in enumerate(configs):
         values = [
             next(r["median"] for r in result["summary"] if r["config"] == config and (r["workload"], r["variant"]) == g)
             for g in groups
         ]
-        ax.bar([x + i * width for x in range(len(groups))], values, width, label=f"tracing {config}")
-    ax.set_xticks([x + width for x in range(len(groups))], [f"{w} {v}" for w, v in groups])
+        label = "before the change" if config == "before" else f"tracing {config}"
+        ax.bar([x + i * width for x in range(len(groups))], values, width, label=label)
+    ax.set_xticks([x + width * (len(configs) - 1) / 2 for x in range(len(groups))], [f"{w} {v}" for w, v in groups])
     ax.set_ylabel("server CPU ms per image (median of rounds)")
     ax.set_title("Tracing off / 0.01 / 1.0, configs/local.yaml, c=8")
     ax.legend()
@@ -264,26 +284,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=10.0, help="measured s per step")
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--before", metavar="REF", help="also run this commit's code (tracing absent) each round")
     args = parser.parse_args(argv)
     env, run_stamp, t0 = print_environment(), stamp(), time.perf_counter()
     plan = {"duration_s": args.duration, "warmup_s": args.warmup, "concurrency": [8], "timeout_s": 30.0}
     plan["floor"] = cost.floor(1.0)
     log_dir = Path(tempfile.mkdtemp(prefix="tracing-cost-"))
     print(f"server logs: {log_dir}", file=sys.stderr)
-    by_config: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
-    with Receivers() as receivers:
-        receivers.sink.keep = False
-        shown: list[str] = []
-        for r in range(args.rounds):
-            for config in CONFIGS[:: -1 if r % 2 else 1]:
-                show = shown if config == "1.0" and r == 0 else None
-                by_config[config].append(run_config(config, receivers, plan, log_dir, show=show))
-        held = stalled(receivers, plan, log_dir)
+    configs = (("before",) if args.before else ()) + CONFIGS
+    by_config: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+    before = worktree(args.before, log_dir) if args.before else None
+    try:
+        with Receivers() as receivers:
+            receivers.sink.keep = False
+            shown: list[str] = []
+            for r in range(args.rounds):
+                for config in configs[:: -1 if r % 2 else 1]:
+                    show = shown if config == "1.0" and r == 0 else None
+                    extra = {"PYTHONPATH": str(before)} if config == "before" else None
+                    by_config[config].append(run_config(config, receivers, plan, log_dir, extra, show))
+            held = stalled(receivers, plan, log_dir)
+    finally:
+        if before is not None:
+            subprocess.run(["git", "-C", str(bench.REPO), "worktree", "remove", "--force", str(before)], check=False)
     result = {
         "stamp": run_stamp,
         "environment": env,
         "command": "python -m benchmarks.tracing_cost " + " ".join(argv if argv is not None else sys.argv[1:]),
         "rounds": args.rounds,
+        "before": args.before,
         "plan": plan,
         "runs": by_config,
         "summary": summarise(by_config),

@@ -350,3 +350,24 @@ def test_a_cascades_second_stage_is_a_child_of_the_group_and_says_what_it_escala
     assert second.parent.span_id == group.context.span_id
     assert second.attributes["app.cascade"] == CASCADE and second.attributes["app.cascade.then"] == "fp32"
     assert second.attributes["app.cascade.escalated"] == len(VALUES)
+
+
+def test_the_benchmarks_rendered_trace_is_the_tree_with_processes_and_links() -> None:
+    from benchmarks.tracing_cost import render
+    from tests.otlp_receiver import Span
+
+    def span(name: str, sid: str, parent: str, pid: int, start: int, **attrs: Any) -> Span:
+        links = attrs.pop("links", [])
+        return Span(name, "t" * 32, sid, parent, 1, attrs, {"process.pid": pid}, links, 0, start, start + 2_000_000, "")
+
+    spans = [
+        span("replica_handle_request Router __call__", "a" * 16, "c" * 16, 1, 0, deployment="Router"),
+        span("POST /v1/classify", "b" * 16, "a" * 16, 1, 1, **{"app.variant": "int8"}),
+        span("replica_handle_request Classifier_int8 __call__", "d" * 16, "b" * 16, 2, 2, deployment="Classifier_int8"),
+        span("batch queue", "e" * 16, "d" * 16, 2, 3, links=[("t" * 32, "f" * 16)]),
+    ]
+    lines = render(spans)
+    assert [line.strip().split("  ")[0] for line in lines] == [s.name for s in spans]
+    assert lines[1].startswith("  POST /v1/classify  2.0 ms  [Router]") and "variant=int8" in lines[1]
+    assert lines[3].startswith("      batch queue") and "[Classifier_int8]" in lines[3]
+    assert lines[3].endswith("-> linked to ffffffff")
