@@ -119,6 +119,7 @@ class Workload:
     sizes: tuple[tuple[int, int], ...] = SIZES
     protocol: str = "v1"  # or "v2": POST /v2/models/<model>/infer, the images as one BYTES input
     client: str | None = None  # sent as the admission front's client header (Front.client_header) when set
+    extra: tuple[tuple[str, str], ...] = ()  # more headers on every request (a caller's traceparent)
 
     @property
     def target(self) -> str:
@@ -131,7 +132,7 @@ class Workload:
 
     def headers(self) -> dict[str, str]:
         out = {"X-Model-Variant": self.variant} if self.variant and self.protocol == "v1" else {}
-        return out | ({Front.client_header: self.client} if self.client else {})
+        return out | ({Front.client_header: self.client} if self.client else {}) | dict(self.extra)
 
     def payloads(self) -> tuple[Payload, ...]:
         return build_payloads(build_corpus(self.sizes), self.images_per_request, self.protocol)

@@ -73,6 +73,7 @@ class Target:
     one_model: bool = False  # serves one V2 model (no per-variant names): V2 steps name the model, not a variant
     front: bool = True  # this app's targets: HAProxy runs as the admission front (app/front/); peers never
     env: tuple[tuple[str, str], ...] = ()  # on top of configs/serve.env (a variant of the front's limits)
+    cwd: str | None = None  # where the server starts (its `app` is the one there); None: this repository
 
     @property
     def with_front(self) -> bool:
@@ -214,7 +215,8 @@ def run_target(t: Target, plan: dict[str, Any], log_dir: Path, steps: Steps | No
     env = private_serve_env(
         t.port, {**(read_serve_env() if t.serve_env else {}), "RAY_ADDRESS": "local", **dict(t.env)}, front=t.with_front
     )
-    server = ServerProcess(t.name, out["start"], log_dir / f"{t.key}.log", cwd=REPO, env=env, fail_patterns=FAILED)
+    cwd = Path(t.cwd) if t.cwd else REPO
+    server = ServerProcess(t.name, out["start"], log_dir / f"{t.key}.log", cwd=cwd, env=env, fail_patterns=FAILED)
     out["log"] = str(server.log_path)
     print(f"\n== {t.name}: {' '.join(out['start'])}", file=sys.stderr, flush=True)
     probe = probe_for(t)  # before the start: building the corpus takes seconds

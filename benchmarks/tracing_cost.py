@@ -1,30 +1,33 @@
 """What tracing costs: the server's CPU per image with tracing off, on at a sampling ratio of 0.01 and at 1.0, and
 what a stalled collector does to requests.
 
-    python -m benchmarks.tracing_cost                  # about 12 minutes on 2 cores
-    python -m benchmarks.tracing_cost --rounds 1 --duration 4 --warmup 1
+    python -m benchmarks.tracing_cost --before 92a2417      # about 15 minutes on 2 cores
+    python -m benchmarks.tracing_cost --rounds 1 --pairs 1 --duration 3 --warmup 1
 
-Each configuration is configs/local.yaml served as `make serve` serves it (benchmarks.run's "app" target: serve.env,
-HAProxy in front), with tracing turned on as an operator does, by environment: Serve's
-RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH=app.serve.tracing:span_processors and RAY_SERVE_TRACING_SAMPLING_RATIO, the
-spans exported over OTLP/HTTP to a receiver in this process (tests.otlp_receiver: it decodes the wire format and counts
-the spans, on the same two cores). The workloads are benchmarks.run's: single images at c=8 ("sweep") and 16 images
-per request at c=8 ("batch", FP32 and INT8). The configurations run in alternating order, round after round (off, 0.01,
-1.0, then 1.0, 0.01, off, ...), so drift on a shared machine hits each alike; the figures are medians over rounds.
-CPU per image is the server's whole process tree (Ray's daemons, Serve's controller, HAProxy, the replicas).
+Each server is configs/local.yaml served as `make serve` serves it (benchmarks.run's "app" target: serve.env, HAProxy
+in front) and driven with benchmarks.run's workloads at c=8: single images ("sweep", FP32) and 16 images per request
+("batch", FP32 and INT8). The servers, one after another in alternating order, round after round:
 
-With `--before REF` a fourth configuration runs in the same rounds: the code of that commit (a git worktree first on
-PYTHONPATH, so the server and its Ray workers import its `app`), tracing absent, the baseline "off" is compared with.
+- "before" (with `--before REF`): that commit's code, where tracing does not exist (a git worktree, where the server
+  starts, first on PYTHONPATH: the server and its Ray workers import its `app`);
+- "off": this code, tracing not turned on;
+- "on": tracing turned on as an operator does, by environment (RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH, and
+  OTEL_TRACES_SAMPLER=parentbased_traceidratio with OTEL_TRACES_SAMPLER_ARG=0.01), exporting over OTLP/HTTP to a
+  receiver in this process (tests.otlp_receiver: it decodes the wire format and counts the spans, on the same cores).
+  Its steps alternate, in pairs, between requests without a traceparent (sampled at 0.01) and requests whose caller's
+  traceparent says sampled (so every one is traced: 1.0), so 1.0 against 0.01 is measured on one server, step after
+  step, free of the start-to-start drift that two servers' comparison carries.
 
-Then a stalled collector: tracing at 1.0 with the receiver holding every export and OTEL_BSP_MAX_QUEUE_SIZE at 256:
-requests that failed, throughput and CPU against the run at 1.0, spans received meanwhile.
-
-Writes <stamp>-<host>-tracing-cost.json, .md and .png under benchmarks/results/.
+CPU per image is the server's whole process tree (Ray's daemons, Serve's controller, HAProxy, the replicas); per
+request it is that times the images per request. Then a stalled collector: the "on" server with the receiver holding
+every export and OTEL_BSP_MAX_QUEUE_SIZE at 256, every request traced: requests that failed, spans received meanwhile.
+Writes <stamp>-<host>-tracing-cost.json, .md and .png under benchmarks/results/, with one request's trace rendered.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import secrets
 import statistics
@@ -41,23 +44,31 @@ from app.toolchain.samples import sample_bytes
 from benchmarks import cost
 from benchmarks import run as bench
 from benchmarks.environment import RESULTS_DIR, host_name, print_environment, stamp
+from benchmarks.load import wrk_step
 from benchmarks.report import markdown_table, write_json
 from tests.otlp_receiver import Receivers, Span
 
 HOOK = "app.serve.tracing:span_processors"
-CONFIGS = ("off", "0.01", "1.0")
+LABELS = ("before", "off", "0.01", "1.0")  # what each step measured
 WORKLOADS = ("sweep", "batch")
 
 
-def target(config: str, endpoint: str, extra: dict[str, str] | None = None) -> bench.Target:
-    traced = config not in ("off", "before")
-    env = {"RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH": HOOK} if traced else {}
-    if traced:
-        env |= {"RAY_SERVE_TRACING_SAMPLING_RATIO": config, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}
-        env |= {"OTEL_SERVICE_NAME": "image-classifier-bench"}
+def target(config: str, endpoint: str, extra: dict[str, str] | None = None, cwd: str | None = None) -> bench.Target:
+    env: dict[str, str] = {}
+    if config == "on":
+        env = {
+            "RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH": HOOK,
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": "0.01",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_SERVICE_NAME": "image-classifier-bench",
+            "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS": "otel,process",  # the process id: which replica made a span
+            "OTEL_BSP_SCHEDULE_DELAY": "500",  # a step's spans are in before the next step's warm-up ends
+        }
     env |= extra or {}
-    name = f"this app, tracing {config}"
-    return bench.Target(f"app_trace_{config}", name, "local", 8000, WORKLOADS, sweep=(8,), env=tuple(env.items()))
+    name = {"before": "the code before tracing", "off": "tracing off", "on": "tracing on"}[config]
+    key = f"app_trace_{config}"
+    return bench.Target(key, f"this app, {name}", "local", 8000, WORKLOADS, sweep=(8,), env=tuple(env.items()), cwd=cwd)
 
 
 def worktree(ref: str, log_dir: Path) -> Path:
@@ -66,14 +77,11 @@ def worktree(ref: str, log_dir: Path) -> Path:
     path = log_dir / "before"
     subprocess.run(["git", "-C", str(bench.REPO), "worktree", "add", "--detach", str(path), ref], check=True)
     env = {**os.environ, "PYTHONPATH": str(path)}
-    where = subprocess.run([sys.executable, "-c", "import app; print(app.__file__)"], env=env, capture_output=True)
+    check = [sys.executable, "-c", "import app; print(app.__file__)"]
+    where = subprocess.run(check, env=env, cwd=path, capture_output=True)
     if not where.stdout.decode().startswith(str(path)):
         raise RuntimeError(f"PYTHONPATH={path} does not put {ref}'s app first: {where.stdout!r} {where.stderr!r}")
     return path
-
-
-def served(steps: list[dict[str, Any]]) -> int:
-    return sum(st["ok"] for st in steps)
 
 
 # The attributes a rendered trace shows, where a span has them.
@@ -133,117 +141,157 @@ def one_trace(url: str, receivers: Receivers) -> list[str]:
     return [f"reply traceparent: {reply.headers.get('traceparent')}", *render(spans)]
 
 
-def run_config(
-    config: str, receivers: Receivers, plan: dict[str, Any], log_dir: Path, extra: Any = None, show: Any = None
-) -> Any:
-    """One configuration's run; `show`: a list the rendered trace of one request is put in (after the workloads)."""
-    before = receivers.sink.count
+def sampled_caller() -> tuple[tuple[str, str], ...]:
+    """A caller's traceparent that says sampled (one trace id for the step: the cost per span is the same)."""
+    return (("traceparent", f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"),)
+
+
+def steps_of(t: bench.Target, plan: dict[str, Any], server: Any, modes: list[str], receivers: Receivers) -> Any:
+    """benchmarks.run's workloads once per mode, in that order: "0.01" sends no traceparent, "1.0" a sampled caller's
+    ("-": tracing is not on); each step tagged with its mode and the spans received during it."""
+    steps = []
+    for mode in modes:
+        extra = sampled_caller() if mode == "1.0" else ()
+        for name in WORKLOADS:
+            levels = bench.WORKLOADS[name][0]
+            for variant in ("fp32", "int8") if name == "batch" else ("fp32",):
+                wl = dataclasses.replace(bench.workload(t, name, variant, plan["timeout_s"]), extra=extra)
+                before = receivers.sink.count
+                step = wrk_step(wl, levels[0] if levels else 8, plan["duration_s"], plan["warmup_s"], server)
+                spans = receivers.sink.count - before
+                step |= {"workload": name, "mode": mode, "spans": spans, **cost.per_image(step, None)}
+                steps.append(step)
+    return steps
+
+
+def run_server(
+    config: str,
+    receivers: Receivers,
+    plan: dict[str, Any],
+    log_dir: Path,
+    modes: list[str],
+    cwd: str | None = None,
+    show: list[str] | None = None,
+    extra: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One server's start, steps (`modes`, steps_of) and stop; `show`: a list one request's rendered trace goes in."""
 
     def steps(t: bench.Target, plan: dict[str, Any], server: Any) -> list[dict[str, Any]]:
-        out = bench.drive(t, plan, lambda: cost.tree_cpu_s(server.family))
+        out = steps_of(t, plan, lambda: cost.tree_cpu_s(server.family), modes, receivers)
         if show is not None:
             show.extend(one_trace(t.url, receivers))
         return out
 
-    out = bench.run_target(target(config, receivers.http_url, extra), plan, log_dir, steps)
+    env = {**(extra or {}), **({"PYTHONPATH": cwd} if cwd else {})}
+    out = bench.run_target(target(config, receivers.http_url, env, cwd), plan, log_dir, steps)
     if out.get("error"):
-        raise RuntimeError(f"tracing {config}: {out['error']}")
-    out["spans_received"] = receivers.sink.count - before
-    out["requests_ok"] = served(out["steps"])
+        raise RuntimeError(f"{config}: {out['error']}")
     return out
 
 
-def cpu_of(runs: list[dict[str, Any]], workload: str, variant: str) -> list[float]:
-    """CPU ms per image of each run's step of that workload and variant."""
-    return [
-        st["cpu_ms_per_image"]
-        for r in runs
-        for st in r["steps"]
-        if st["workload"] == workload and st.get("variant") == variant and "cpu_ms_per_image" in st
-    ]
+def label(config: str, step: dict[str, Any]) -> str:
+    return config if config != "on" else str(step["mode"])
 
 
-def summarise(by_config: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def medians(servers: list[tuple[str, dict[str, Any]]]) -> dict[tuple[str, str, str], float]:
+    """Median CPU ms per image by (label, workload, variant) over every step."""
+    values: dict[tuple[str, str, str], list[float]] = {}
+    for config, out in servers:
+        for st in out["steps"]:
+            if "cpu_ms_per_image" in st:
+                values.setdefault((label(config, st), st["workload"], st["variant"]), []).append(st["cpu_ms_per_image"])
+    return {k: statistics.median(v) for k, v in values.items()}
+
+
+def paired(servers: list[tuple[str, dict[str, Any]]]) -> dict[tuple[str, str], list[float]]:
+    """1.0 over 0.01 per adjacent pair of steps on the same "on" server, by (workload, variant)."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for config, server in servers:
+        if config != "on":
+            continue
+        by: dict[tuple[str, str, str], list[float]] = {}
+        for st in server["steps"]:
+            if "cpu_ms_per_image" in st:
+                by.setdefault((st["mode"], st["workload"], st["variant"]), []).append(st["cpu_ms_per_image"])
+        for (mode, w, v), ones in by.items():
+            if mode == "1.0":
+                out.setdefault((w, v), []).extend(a / b for a, b in zip(ones, by[("0.01", w, v)], strict=True))
+    return out
+
+
+def summarise(servers: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    med, pairs = medians(servers), paired(servers)
     rows = []
-    base = {
-        (w, v): statistics.median(cpu_of(by_config["off"], w, v))
-        for w in WORKLOADS
-        for v in ("fp32", "int8")
-        if cpu_of(by_config["off"], w, v)
-    }
-    for config, runs in by_config.items():
-        for (w, v), off in base.items():
-            values = cpu_of(runs, w, v)
-            med = statistics.median(values)
-            rows.append(
-                {
-                    "config": config,
-                    "workload": w,
-                    "variant": v,
-                    "cpu_ms_per_image": values,
-                    "median": round(med, 2),
-                    "vs_off": round(med / off, 3),
-                    "spread": round((max(values) - min(values)) / med, 3) if len(values) > 1 else 0.0,
-                    "spans_per_request": round(
-                        sum(r["spans_received"] for r in runs) / max(1, sum(r["requests_ok"] for r in runs)), 2
-                    ),
-                }
-            )
+    for w in WORKLOADS:
+        for v in ("fp32", "int8") if w == "batch" else ("fp32",):
+            per_request = bench.WORKLOADS[w][1]
+            off = med.get(("off", w, v))
+            row: dict[str, Any] = {"workload": w, "variant": v, "images_per_request": per_request}
+            for lab in LABELS:
+                m = med.get((lab, w, v))
+                row[lab] = None if m is None else round(m, 2)
+                row[f"{lab}_per_request"] = None if m is None else round(m * per_request, 2)
+            ratios = pairs.get((w, v), [])
+            row["1.0_over_0.01_paired"] = round(statistics.median(ratios), 3) if ratios else None
+            row["1.0_over_0.01_pairs"] = [round(r, 3) for r in ratios]
+            row["0.01_over_off"] = round(med[("0.01", w, v)] / off, 3) if off and ("0.01", w, v) in med else None
+            row["off_over_before"] = round(off / med[("before", w, v)], 3) if off and ("before", w, v) in med else None
+            rows.append(row)
     return rows
 
 
+def spans_per_request(servers: list[tuple[str, dict[str, Any]]], mode: str) -> float | None:
+    steps = [st for c, out in servers if c == "on" for st in out["steps"] if st["mode"] == mode]
+    requests = sum(st["ok"] for st in steps)
+    return round(sum(st["spans"] for st in steps) / requests, 2) if requests else None
+
+
 def stalled(receivers: Receivers, plan: dict[str, Any], log_dir: Path) -> dict[str, Any]:
-    """Tracing at 1.0 while the collector holds every export; a small queue so it fills within the step."""
+    """The "on" server, every request traced, while the collector holds every export; a queue of 256 spans."""
     receivers.hold()
     try:
-        before = receivers.sink.count
-        out = bench.run_target(
-            target("1.0", receivers.http_url, {"OTEL_BSP_MAX_QUEUE_SIZE": "256"}),
-            {**plan, "duration_s": max(plan["duration_s"], 10.0)},
-            log_dir,
-        )
-        out["spans_received_while_held"] = receivers.sink.count - before
+        return run_server("on", receivers, plan, log_dir, ["1.0"], extra={"OTEL_BSP_MAX_QUEUE_SIZE": "256"})
     finally:
         receivers.release()
-    if out.get("error"):
-        raise RuntimeError(f"stalled collector: {out['error']}")
-    return out
 
 
 def write(result: dict[str, Any], base: Path) -> None:
     write_json(base.with_suffix(".json"), result)
+    ratios = ("1.0_over_0.01_paired", "0.01_over_off", "off_over_before")
     rows = [
-        [r["config"], r["workload"], r["variant"], r["median"], r["vs_off"], r["spread"], r["spans_per_request"]]
-        for r in result["summary"]
+        [r["workload"], r["variant"], *(r[lab] for lab in LABELS), *(r[k] for k in ratios)] for r in result["summary"]
     ]
-    headers = ["tracing", "workload", "variant", "CPU ms/image (median)", "vs off", "spread", "spans/request"]
-    st = result["stalled"]
-    failed = sum(s["requests"] - s["ok"] for s in st["steps"])
+    headers = ["workload", "variant", *(f"{lab} CPU ms/image" for lab in LABELS), "1.0 / 0.01 (paired)"]
+    headers += ["0.01 / off", "off / before"]
+    st = result["stalled"]["steps"]
     lines = [
         f"# What tracing costs ({result['stamp']})",
         "",
-        f"`{result['command']}`; {result['rounds']} rounds, configurations in alternating order; "
-        f"{result['plan']['duration_s']} s steps after {result['plan']['warmup_s']} s warm-up, c=8.",
+        f"`{result['command']}`: {result['rounds']} rounds of servers in alternating order, {result['pairs']} pairs "
+        f"of 0.01/1.0 steps per tracing-on server; {result['plan']['duration_s']} s steps after "
+        f"{result['plan']['warmup_s']} s warm-up, c=8. Medians over every step; the paired ratio is the median of "
+        "1.0 over 0.01 in adjacent steps on one server.",
         "",
-        markdown_table(headers, rows, 2),
+        markdown_table(headers, rows, 3),
         "",
-        "Spread: (max - min) / median of the rounds. spans/request: spans the receiver took per request answered.",
+        f"Spans per request: {result['spans_per_request']['1.0']} at 1.0, {result['spans_per_request']['0.01']} at "
+        "0.01 (received by the collector; Serve's spans included).",
         "",
-        "## A stalled collector (tracing 1.0, OTEL_BSP_MAX_QUEUE_SIZE=256, every export held)",
+        "## A stalled collector (every request traced, OTEL_BSP_MAX_QUEUE_SIZE=256, every export held)",
         "",
-        f"Requests {sum(s['requests'] for s in st['steps'])}, failed {failed}; spans received while held "
-        f"{st['spans_received_while_held']}.",
+        f"Requests {sum(s['requests'] for s in st)}, failed {sum(s['requests'] - s['ok'] for s in st)}; spans "
+        f"received while held: {sum(s['spans'] for s in st)}.",
         "",
         markdown_table(
             ["workload", "variant", "images/s", "p99 ms", "CPU ms/image"],
             [
-                [s["workload"], s.get("variant"), s["images_per_s"], s["latency_ms"]["p99_ms"], s["cpu_ms_per_image"]]
-                for s in st["steps"]
+                [s["workload"], s["variant"], s["images_per_s"], s["latency_ms"]["p99_ms"], s.get("cpu_ms_per_image")]
+                for s in st
             ],
             2,
         ),
         "",
-        "## One request's trace (tracing 1.0, a caller's sampled traceparent, X-Model-Variant: int8)",
+        "## One request's trace (a caller's sampled traceparent, X-Model-Variant: int8)",
         "",
         "```",
         *result["trace"],
@@ -259,21 +307,20 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = sorted({(r["workload"], r["variant"]) for r in result["summary"]})
-    configs = list(dict.fromkeys(r["config"] for r in result["summary"]))
+    rows = result["summary"]
+    labels = [lab for lab in LABELS if any(r[lab] is not None for r in rows)]
     fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / len(configs)
-    for i, config in enumerate(configs):
-        values = [
-            next(r["median"] for r in result["summary"] if r["config"] == config and (r["workload"], r["variant"]) == g)
-            for g in groups
-        ]
-        label = "before the change" if config == "before" else f"tracing {config}"
-        ax.bar([x + i * width for x in range(len(groups))], values, width, label=label)
-    ax.set_xticks([x + width * (len(configs) - 1) / 2 for x in range(len(groups))], [f"{w} {v}" for w, v in groups])
-    ax.set_ylabel("server CPU ms per image (median of rounds)")
-    ax.set_title("Tracing off / 0.01 / 1.0, configs/local.yaml, c=8")
-    ax.legend()
+    width = 0.8 / len(labels)
+    for i, lab in enumerate(labels):
+        values = [r[lab] or 0.0 for r in rows]
+        name = {"before": "before the change", "off": "tracing off"}.get(lab, f"tracing, sampled {lab}")
+        ax.bar([x + i * width for x in range(len(rows))], values, width, label=name)
+    ax.set_xticks(
+        [x + width * (len(labels) - 1) / 2 for x in range(len(rows))], [f"{r['workload']} {r['variant']}" for r in rows]
+    )
+    ax.set_ylabel("server CPU ms per image (median)")
+    ax.set_title("Tracing's CPU, configs/local.yaml, c=8")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -281,28 +328,35 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--duration", type=float, default=10.0, help="measured s per step")
-    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--pairs", type=int, default=2, help="0.01/1.0 step pairs per tracing-on server")
+    parser.add_argument("--duration", type=float, default=6.0, help="measured s per step")
+    parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--before", metavar="REF", help="also run this commit's code (tracing absent) each round")
     args = parser.parse_args(argv)
     env, run_stamp, t0 = print_environment(), stamp(), time.perf_counter()
     plan = {"duration_s": args.duration, "warmup_s": args.warmup, "concurrency": [8], "timeout_s": 30.0}
-    plan["floor"] = cost.floor(1.0)
     log_dir = Path(tempfile.mkdtemp(prefix="tracing-cost-"))
     print(f"server logs: {log_dir}", file=sys.stderr)
-    configs = (("before",) if args.before else ()) + CONFIGS
-    by_config: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+    configs = (["before"] if args.before else []) + ["off", "on"]
     before = worktree(args.before, log_dir) if args.before else None
+    servers: list[tuple[str, dict[str, Any]]] = []
+    shown: list[str] = []
     try:
         with Receivers() as receivers:
             receivers.sink.keep = False
-            shown: list[str] = []
             for r in range(args.rounds):
                 for config in configs[:: -1 if r % 2 else 1]:
-                    show = shown if config == "1.0" and r == 0 else None
-                    extra = {"PYTHONPATH": str(before)} if config == "before" else None
-                    by_config[config].append(run_config(config, receivers, plan, log_dir, extra, show))
+                    modes = ["-"]
+                    if config == "on":  # alternating within the server too: 0.01 1.0 1.0 0.01 ...
+                        modes = [
+                            m
+                            for p in range(args.pairs)
+                            for m in (("0.01", "1.0") if (p + r) % 2 == 0 else ("1.0", "0.01"))
+                        ]
+                    cwd = str(before) if config == "before" else None
+                    show = shown if config == "on" and not shown else None
+                    servers.append((config, run_server(config, receivers, plan, log_dir, modes, cwd, show)))
             held = stalled(receivers, plan, log_dir)
     finally:
         if before is not None:
@@ -312,10 +366,12 @@ def main(argv: list[str] | None = None) -> int:
         "environment": env,
         "command": "python -m benchmarks.tracing_cost " + " ".join(argv if argv is not None else sys.argv[1:]),
         "rounds": args.rounds,
+        "pairs": args.pairs,
         "before": args.before,
         "plan": plan,
-        "runs": by_config,
-        "summary": summarise(by_config),
+        "servers": [{"config": c, **out} for c, out in servers],
+        "summary": summarise(servers),
+        "spans_per_request": {m: spans_per_request(servers, m) for m in ("0.01", "1.0")},
         "stalled": held,
         "trace": shown,
         "wall_s": round(time.perf_counter() - t0, 1),

@@ -6,6 +6,7 @@ requests. `hold()` stalls both (each export waits until `release()`), as a colle
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.server
 import threading
@@ -130,7 +131,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("content-type", "application/x-protobuf")
         self.send_header("content-length", str(len(reply)))
         self.end_headers()
-        self.wfile.write(reply)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # its process stopped while the export waited
+            self.wfile.write(reply)
 
     def log_message(self, *args: Any) -> None:
         pass

@@ -63,8 +63,9 @@ class BodyReader:
             self.client_gone()
             raise ServiceError("bad_request", "the client closed the connection before its body arrived") from None
         self.metrics.body_received(len(body))
-        if spans.ENABLED:
-            spans.record("read body", t0, time.perf_counter(), {"http.request.body.size": len(body)})
+        if spans.ENABLED:  # on the request's span: a span of its own would cost more than what it says
+            read_ms = round((time.perf_counter() - t0) * 1000.0, 3)
+            spans.annotate({"http.request.body.size": len(body), "app.body_read_ms": read_ms})
         return body
 
     async def inflate(self, raw: bytes, encoding: str | None, max_bytes: int) -> bytes:

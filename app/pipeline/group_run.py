@@ -154,8 +154,9 @@ class GroupRun:
 
     async def _traced(self, key: Key, group: list[Waiter]) -> list[Outcome]:
         """The group as one span: a child of its first recorded request's span, linked to every request's; its
-        Preprocessor and Classifier calls are its children. Each request's wait in the Router's queue is a span of its
-        own trace, linked to the group's: a request that rode in another's group finds the group's calls by it."""
+        Preprocessor and Classifier calls are its children. Every other request's wait in the Router's queue is a span
+        of its own trace, linked to the group's: a request that rode in another's group finds the group's calls by it
+        (the first request's trace has the group itself, its wait the gap before it)."""
         started = time.perf_counter()
         contexts = [w.trace for w in group]
         parent = spans.first_sampled(contexts)
@@ -168,7 +169,8 @@ class GroupRun:
                 return await self._group(key, group)
             finally:
                 for w in group:
-                    spans.record("router queue", w.enqueued, started, None, parent=w.trace, links=[span])
+                    if w.trace is not parent:
+                        spans.record("router queue", w.enqueued, started, None, parent=w.trace, links=[span])
 
     async def _group(self, key: Key, group: list[Waiter]) -> list[Outcome]:
         assert self.settings is not None

@@ -2,7 +2,8 @@
 
 Serve's `@serve.batch` runs a batch under its first request's context only. Here every request that had an Item in the
 batch is tied to it: the batch is one span, a child of the first recorded request's span in this replica and linked to
-every request's; each request's wait in the batch queue is a span of its own trace, linked to the batch's. The batch's
+every request's; every other request's wait in the batch queue is a span of its own trace, linked to the batch's (the
+first request's trace has the batch itself). The batch's
 attributes say what ran it: images and the rows the engine bound (padding included), the CUDA graph bucket replayed,
 the engine and execution provider, the model and the digest of the file serving.
 
@@ -49,4 +50,5 @@ def record(
     }
     batch = spans.record("classifier batch", formed, ended, attributes, parent=parent, links=contexts)
     for it in items:
-        spans.record("batch queue", it.arrived, formed, {"app.images": len(it)}, parent=it.trace, links=[batch])
+        if it.trace is not parent:
+            spans.record("batch queue", it.arrived, formed, {"app.images": len(it)}, parent=it.trace, links=[batch])

@@ -174,8 +174,9 @@ class Classifier:
         io = self.model.io
         items = split(pixels, rows, time.perf_counter(), self.cfg.max_batch_size, io)
         if spans.ENABLED:  # each item carries its request's span into the batch (batch_trace)
+            trace = spans.current()
             for it in items:
-                it.trace = spans.current()
+                it.trace = trace
         done = await asyncio.gather(*(self._batch(it) for it in items))
         logits, errors, positions, preprocess_ms = join(pixels, done, rows)
         best = [top_k(row, top) for row in io.probabilities(logits)] if logits is not None else []
