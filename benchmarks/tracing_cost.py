@@ -134,7 +134,7 @@ def one_trace(url: str, receivers: Receivers) -> list[str]:
         headers = {"content-type": "image/png", "traceparent": header, "X-Model-Variant": "int8"}
         reply = httpx.post(url, content=sample_bytes("coffee"), headers=headers, timeout=30)
         reply.raise_for_status()
-        names = ("classifier batch", "batch queue", "coalesced group", "router queue")
+        names = ("POST /v1/classify", "coalesced group", "decode", "classifier batch")
         spans = receivers.sink.wait_for(lambda t: set(names) <= {s.name for s in t}, tid)
     finally:
         receivers.sink.keep = False
@@ -179,7 +179,10 @@ def run_server(
     def steps(t: bench.Target, plan: dict[str, Any], server: Any) -> list[dict[str, Any]]:
         out = steps_of(t, plan, lambda: cost.tree_cpu_s(server.family), modes, receivers)
         if show is not None:
-            show.extend(one_trace(t.url, receivers))
+            try:
+                show.extend(one_trace(t.url, receivers))
+            except (AssertionError, httpx.HTTPError) as e:  # the figures stand without it: say so in the report
+                show.append(f"no trace: {e}")
         return out
 
     env = {**(extra or {}), **({"PYTHONPATH": cwd} if cwd else {})}
