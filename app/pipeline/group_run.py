@@ -153,15 +153,19 @@ class GroupRun:
         return await self._group(key, group)
 
     async def _traced(self, key: Key, group: list[Waiter]) -> list[Outcome]:
-        """The group as one span: a child of its first recorded request's span, linked to every request's; its
-        Preprocessor and Classifier calls are its children. Every other request's wait in the Router's queue is a span
-        of its own trace, linked to the group's: a request that rode in another's group finds the group's calls by it
-        (the first request's trace has the group itself, its wait the gap before it)."""
+        """A group of several requests as one span: a child of its first recorded request's span, linked to every
+        request's; its Preprocessor and Classifier calls are its children. Every other request's wait in the Router's
+        queue is a span of its own trace, linked to the group's: a request that rode in another's group finds the
+        group's calls by it (the first request's trace has the group itself, its wait the gap before it). A group of
+        one request is no span of its own: its calls are that request's children."""
         started = time.perf_counter()
         contexts = [w.trace for w in group]
         parent = spans.first_sampled(contexts)
         if parent is None:  # no request of the group is recorded: nor is the group
             return await self._group(key, group)
+        if len(group) == 1:
+            with spans.within(parent):
+                return await self._group(key, group)
         images = sum(len(w.images) for w in group)
         attributes = {"app.variant": key[0], "app.group.requests": len(group), "app.group.images": images}
         with spans.span("coalesced group", attributes, parent=parent, links=contexts) as span:

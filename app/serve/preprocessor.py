@@ -70,10 +70,10 @@ class Decoder:
         decoding finishes (its thread cannot be stopped) and keeps its reservation until it does.
         Cancelled (Serve cancels the call when the client goes), it stops before the next image.
 
-        Traced: a `preprocess` span (images, bytes), a child of Serve's span for the call, and one `decode` span per
-        image (its format, pixels and bytes; its wait for a decode slot included).
+        Traced: one `decode` span per image (its format, pixels and bytes; its wait for a decode slot included), under a
+        `preprocess` span (images, bytes) where the call has several, a child of Serve's span for the call.
         """
-        if spans.ENABLED:
+        if spans.ENABLED and len(images) > 1:
             with spans.span("preprocess", {"app.images": len(images), "app.bytes": sum(map(len, images))}):
                 return await self._many(images, size, deadline_s)
         return await self._many(images, size, deadline_s)

@@ -111,6 +111,22 @@ def use(span: Any) -> contextlib.AbstractContextManager[Any]:
     return NULL if span is None else _using(span)
 
 
+@contextlib.contextmanager
+def _within(ctx: Any) -> Iterator[None]:
+    from opentelemetry import context
+
+    token = context.attach(ctx)
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
+def within(ctx: Any) -> contextlib.AbstractContextManager[Any]:
+    """`with within(ctx):` a carried context (`current()`'s) is the current one in the block."""
+    return NULL if ctx is None else _within(ctx)
+
+
 def span(
     name: str, attributes: Mapping[str, Any] | None = None, parent: Any = None, links: Sequence[Any] = ()
 ) -> contextlib.AbstractContextManager[Any]:
