@@ -172,9 +172,7 @@ class GroupRun:
             try:
                 return await self._group(key, group)
             finally:
-                for w in group:
-                    if w.trace is not parent:
-                        spans.record("router queue", w.enqueued, started, None, parent=w.trace, links=[span])
+                spans.waits("router queue", ((w.trace, w.enqueued, None) for w in group), started, parent, span)
 
     async def _group(self, key: Key, group: list[Waiter]) -> list[Outcome]:
         assert self.settings is not None

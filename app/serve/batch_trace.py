@@ -49,6 +49,5 @@ def record(
         "app.batch.decode_ms": round((started - formed) * 1000.0, 3),
     }
     batch = spans.record("classifier batch", formed, ended, attributes, parent=parent, links=contexts)
-    for it in items:
-        if it.trace is not parent:
-            spans.record("batch queue", it.arrived, formed, {"app.images": len(it)}, parent=it.trace, links=[batch])
+    waiting = ((it.trace, it.arrived, {"app.images": len(it)}) for it in items)
+    spans.waits("batch queue", waiting, formed, parent, batch)

@@ -98,17 +98,13 @@ def start(name: str, parent: Any, kind: str = "INTERNAL", attributes: Mapping[st
     return _tracer.start_span(name, context=parent, kind=SpanKind[kind], attributes=attributes)
 
 
-@contextlib.contextmanager
-def _using(span: Any) -> Iterator[Any]:
-    from opentelemetry import trace
-
-    with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
-        yield span
-
-
 def use(span: Any) -> contextlib.AbstractContextManager[Any]:
     """`with use(span):` the span is the current one in the block (not ended by it)."""
-    return NULL if span is None else _using(span)
+    if span is None:
+        return NULL
+    from opentelemetry import trace
+
+    return _within(trace.set_span_in_context(span))
 
 
 @contextlib.contextmanager
@@ -154,6 +150,15 @@ def record(
     )
     s.end(end_time=epoch_ns(end_perf))
     return s
+
+
+def waits(name: str, waiters: Iterable[tuple[Any, float, Any]], until: float, lead: Any, shared: Any) -> None:
+    """Each waiter's wait for a shared span (a group's, a batch's) as a span of the waiter's own trace, from when it
+    started waiting (perf_counter) `until`, linked to `shared`; waiters are (context, since, attributes). Not the
+    lead's (`shared`'s parent): its trace has the shared span itself, its wait the gap before it."""
+    for trace, since, attributes in waiters:
+        if trace is not lead:
+            record(name, since, until, attributes, parent=trace, links=[shared])
 
 
 def _links(items: Iterable[Any]) -> list[Any]:
