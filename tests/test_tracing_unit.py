@@ -4,8 +4,8 @@ What is checked here is the span tree the app's code makes: tracing off builds n
 span, or the caller's traceparent); a coalesced group's span under its first recorded request, linked to every
 request's, with its downstream calls under it and each request's queue wait linked back; a Classifier batch's span
 linked to every request's, each request's batch-queue span linked to it; the bounded export queue (drops counted,
-never a blocked span end); the OTEL_* parsing. The served path across processes, and the OTLP wire formats, are
-tests/test_tracing.py's.
+never a blocked span end); the OTEL_* parsing; the Router's server span on a 5xx and a 4xx (its parts on fake handles).
+The served path across processes, and the OTLP wire formats, are tests/test_tracing.py's.
 """
 
 from __future__ import annotations
@@ -24,12 +24,15 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+from opentelemetry.trace import StatusCode
 
+from app.imaging.opencv import cv2
 from app.pipeline.routing import Choice
 from app.serve import batch_trace
 from app.serve.batch_decoder import Item
 from app.tracing import export, spans
 from tests.test_pipeline_unit import FakeBackend, _perf_is_loop_time, pipeline, run, until
+from tests.test_request_walk_unit import classify, router
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
@@ -337,6 +340,21 @@ def test_the_protocol_and_queue_come_from_the_standard_variables() -> None:
     assert export.provider_from_env({}) is False  # no OTEL_TRACES_SAMPLER: Serve's provider and ratio stand
 
 
+def test_the_exporters_come_from_otel_traces_exporter() -> None:
+    assert export.exporters({}) == ["otlp"]
+    assert export.exporters({"OTEL_TRACES_EXPORTER": "none"}) == []
+    assert export.exporters({"OTEL_TRACES_EXPORTER": "OTLP, console,otlp"}) == ["otlp", "console"]
+    for bad in ("jaeger", "none,otlp", " , "):  # a misspelt one is an error, not spans sent nowhere
+        with pytest.raises(ValueError, match="OTEL_TRACES_EXPORTER"):
+            export.exporters({"OTEL_TRACES_EXPORTER": bad})
+    assert export.processors(lambda n, why: None, env={"OTEL_TRACES_EXPORTER": "none"}) == []
+    made = export.processors(lambda n, why: None, env={"OTEL_TRACES_EXPORTER": "console,otlp"})
+    assert [type(p.exporter).__name__ for p in made] == ["ConsoleSpanExporter", "OTLPSpanExporter"]
+    assert all(p.limit == 2048 for p in made)
+    for p in made:
+        p.shutdown()
+
+
 def test_a_cascades_second_stage_is_a_child_of_the_group_and_says_what_it_escalated(traced: Traced) -> None:
     from tests.test_cascade_serving_unit import CASCADE, VALUES, CascadeBackend, cascade_pipeline, classify
 
@@ -371,3 +389,30 @@ def test_the_benchmarks_rendered_trace_is_the_tree_with_processes_and_links() ->
     assert lines[1].startswith("  POST /v1/classify  2.0 ms  [Router]") and "variant=int8" in lines[1]
     assert lines[3].startswith("      batch queue") and "[Classifier_int8]" in lines[3]
     assert lines[3].endswith("-> linked to ffffffff")
+
+
+# --------------------------------------------------------------------------- the Router's server span
+
+
+def test_the_server_spans_status_is_an_error_on_a_5xx_and_left_unset_on_a_4xx(traced: Traced) -> None:
+    """The Router's parts as the app assembles them, on fake handles: a Classifier that keeps failing answers 503 (the
+    server's fault: the span's status is an error), an undecodable image 400 (the client's: status unset, as
+    OpenTelemetry's HTTP conventions say for a server span); both carry the code in http.response.status_code and the
+    service's error code in error.type, and the reply's traceparent names the span."""
+    backend = FakeBackend(("fp32",))
+    app = router(backend)
+    jpeg = cv2.imencode(".jpg", np.full((64, 64, 3), 128, np.uint8))[1].tobytes()
+    assert asyncio.run(classify(app, jpeg)).status_code == 200
+    backend.failing["fp32"] = 100  # every call from now on: the replica was lost
+    failed = asyncio.run(classify(app, jpeg))
+    bad = asyncio.run(classify(app, b"not an image"))
+    assert failed.status_code >= 500 and bad.status_code == 400
+    ok_span, failed_span, bad_span = traced.named("POST /v1/classify")
+    assert ok_span.status.status_code is StatusCode.UNSET and "error.type" not in ok_span.attributes
+    assert failed_span.status.status_code is StatusCode.ERROR
+    assert failed_span.attributes["http.response.status_code"] == failed.status_code
+    assert failed_span.attributes["error.type"] and failed_span.kind.name == "SERVER"
+    assert bad_span.status.status_code is StatusCode.UNSET
+    assert bad_span.attributes["http.response.status_code"] == 400 and bad_span.attributes["error.type"]
+    for reply, span in ((failed, failed_span), (bad, bad_span)):
+        assert reply.headers["traceparent"] == spans.traceparent(span)

@@ -42,10 +42,11 @@ def _exported(n: int) -> None:
 
 
 def span_processors() -> list[Any]:
-    """Serve's exporter hook (RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH): one bounded OTLP processor, configured by the
-    OTEL_* variables; where OTEL_TRACES_SAMPLER is set, this process's provider is made from them first."""
+    """Serve's exporter hook (RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH): a bounded processor per exporter the OTEL_*
+    variables name (OTLP by default; none for OTEL_TRACES_EXPORTER=none); where OTEL_TRACES_SAMPLER is set, this
+    process's provider is made from them first."""
     export.provider_from_env()
-    return [export.processor(_dropped, _exported)]
+    return export.processors(_dropped, _exported)
 
 
 def turn_on_here() -> bool:

@@ -1,6 +1,7 @@
-"""Span processors from the standard OTEL_* variables: OTLP over HTTP (`http/protobuf`, the default) or gRPC
-(OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL), behind a bounded queue. The exporters read their own endpoint, headers,
-timeout and certificate variables; the resource reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES.
+"""Span processors from the standard OTEL_* variables: OTEL_TRACES_EXPORTER (`otlp`, the default; `console`; `none`:
+spans made and sampled, trace ids in replies and log lines, nothing sent), OTLP over HTTP (`http/protobuf`, the
+default) or gRPC (OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL), each behind a bounded queue. The exporters read their own
+endpoint, headers, timeout and certificate variables; the resource reads OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES.
 
 The queue: OpenTelemetry's BatchSpanProcessor exports on a thread of its own; `BoundedSpanProcessor` in front of it
 counts the spans it holds, and at OTEL_BSP_MAX_QUEUE_SIZE (2048) a span that ends is dropped and counted, never waited
@@ -20,9 +21,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter, SpanExportResult
 
 PROTOCOLS = ("http/protobuf", "grpc")
+EXPORTERS = ("otlp", "console", "none")
 DEFAULT_MAX_QUEUE = 2048  # OpenTelemetry's default for OTEL_BSP_MAX_QUEUE_SIZE
 OnDrop = Callable[[int, str], None]  # (spans, reason: queue_full | export_failed)
 OnExport = Callable[[int], None]  # spans the exporter accepted
@@ -38,6 +40,17 @@ def protocol(env: Mapping[str, str]) -> str:
     if value not in PROTOCOLS:
         raise ValueError(f"{name}={value!r}: this service exports traces over {' or '.join(PROTOCOLS)}")
     return value
+
+
+def exporters(env: Mapping[str, str]) -> list[str]:
+    """The exporters OTEL_TRACES_EXPORTER names (comma-separated; `otlp` when unset); `none` is none of them. An
+    unknown name is an error naming the variable (a misspelt exporter must not mean spans silently sent nowhere)."""
+    raw = env.get("OTEL_TRACES_EXPORTER") or "otlp"
+    names = list(dict.fromkeys(n.strip().lower() for n in raw.split(",") if n.strip()))
+    unknown = [n for n in names if n not in EXPORTERS]
+    if unknown or not names or ("none" in names and len(names) > 1):
+        raise ValueError(f"OTEL_TRACES_EXPORTER={raw!r}: one or more of otlp, console; or none alone")
+    return [] if names == ["none"] else names
 
 
 def exporter(env: Mapping[str, str]) -> SpanExporter:
@@ -99,7 +112,7 @@ class BoundedSpanProcessor(SpanProcessor):
     def __init__(
         self, inner: SpanExporter, limit: int, on_drop: OnDrop, on_export: OnExport | None = None, **batch: Any
     ) -> None:
-        self.limit = limit
+        self.limit, self.exporter = limit, inner
         self.on_drop, self.on_export = on_drop, on_export
         self.held = 0
         self.exported = 0
@@ -153,13 +166,14 @@ def _count(metric: Callable[..., None], *args: Any) -> None:
         logging.getLogger(__name__).debug("span count not recorded", exc_info=True)
 
 
-def processor(
+def processors(
     on_drop: OnDrop, on_export: OnExport | None = None, env: Mapping[str, str] | None = None
-) -> BoundedSpanProcessor:
-    """The OTLP exporter for the variables, behind the bounded queue (OTEL_BSP_SCHEDULE_DELAY and
-    OTEL_BSP_MAX_EXPORT_BATCH_SIZE are read by the BatchSpanProcessor itself)."""
+) -> list[BoundedSpanProcessor]:
+    """Each exporter the variables name, behind a bounded queue of its own (OTEL_BSP_SCHEDULE_DELAY and
+    OTEL_BSP_MAX_EXPORT_BATCH_SIZE are read by the BatchSpanProcessor itself); none for `none`."""
     env = os.environ if env is None else env
-    return BoundedSpanProcessor(exporter(env), max_queue(env), on_drop, on_export)
+    made: dict[str, Callable[[], SpanExporter]] = {"otlp": lambda: exporter(env), "console": ConsoleSpanExporter}
+    return [BoundedSpanProcessor(made[name](), max_queue(env), on_drop, on_export) for name in exporters(env)]
 
 
 class _DropOverrideWarning(logging.Filter):
