@@ -18,7 +18,10 @@ in alternating order, round after round:
   receiver in this process (tests.otlp_receiver: it decodes the wire format and counts the spans, on the same cores).
   Its steps alternate, in pairs, between requests without a traceparent (sampled at 0.01) and requests whose caller's
   traceparent says sampled (so every one is traced: 1.0), so 1.0 against 0.01 is measured on one server, step after
-  step, free of the start-to-start drift that two servers' comparison carries.
+  step, free of the start-to-start drift that two servers' comparison carries;
+- "unexported": "on" with OTEL_TRACES_EXPORTER=none, its steps alternating the same way: spans made, sampled and
+  ended, sent nowhere. 1.0 over 0.01 there is what making the spans costs; "on"'s less that is what exporting them
+  (encoding, the OTLP post) costs.
 
 CPU per image is the server's whole process tree (Ray's daemons, Serve's controller, HAProxy, the replicas); per
 request it is that times the images per request. Then a stalled collector: the "on" server with the receiver holding
@@ -52,12 +55,13 @@ from tests.otlp_receiver import Receivers, Span
 
 HOOK = "app.serve.tracing:span_processors"
 LABELS = ("before", "off", "0.01", "1.0")  # what each step measured
+TRACED = ("on", "unexported")  # the servers whose steps alternate 0.01 and 1.0
 WORKLOADS = ("sweep", "batch")
 
 
 def target(config: str, endpoint: str, extra: dict[str, str] | None = None, cwd: str | None = None) -> bench.Target:
     env: dict[str, str] = {}
-    if config == "on":
+    if config in TRACED:
         env = {
             "RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH": HOOK,
             "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
@@ -67,8 +71,11 @@ def target(config: str, endpoint: str, extra: dict[str, str] | None = None, cwd:
             "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS": "otel,process",  # the process id: which replica made a span
             "OTEL_BSP_SCHEDULE_DELAY": "500",  # a step's spans are in before the next step's warm-up ends
         }
+    if config == "unexported":
+        env["OTEL_TRACES_EXPORTER"] = "none"
     env |= extra or {}
-    name = {"before": "the code before tracing", "off": "tracing off", "on": "tracing on"}[config]
+    names = {"before": "the code before tracing", "off": "tracing off", "on": "tracing on"}
+    name = names.get(config, "tracing on, spans not exported")
     key = f"app_trace_{config}"
     # ortcpu: every variant on ONNX Runtime's CPU EP. With `engine: auto` each start measures OpenVINO against ORT and
     # keeps the faster, and on a noisy machine servers would differ in that choice, not only in tracing.
@@ -198,7 +205,9 @@ def run_server(
 
 
 def label(config: str, step: dict[str, Any]) -> str:
-    return config if config != "on" else str(step["mode"])
+    if config in TRACED:
+        return str(step["mode"]) if config == "on" else f"{config} {step['mode']}"
+    return config
 
 
 def medians(servers: list[tuple[str, dict[str, Any]]]) -> dict[tuple[str, str, str], float]:
@@ -211,11 +220,11 @@ def medians(servers: list[tuple[str, dict[str, Any]]]) -> dict[tuple[str, str, s
     return {k: statistics.median(v) for k, v in values.items()}
 
 
-def paired(servers: list[tuple[str, dict[str, Any]]]) -> dict[tuple[str, str], list[float]]:
-    """1.0 over 0.01 per adjacent pair of steps on the same "on" server, by (workload, variant)."""
+def paired(servers: list[tuple[str, dict[str, Any]]], which: str = "on") -> dict[tuple[str, str], list[float]]:
+    """1.0 over 0.01 per adjacent pair of steps on the same server of config `which`, by (workload, variant)."""
     out: dict[tuple[str, str], list[float]] = {}
     for config, server in servers:
-        if config != "on":
+        if config != which:
             continue
         by: dict[tuple[str, str, str], list[float]] = {}
         for st in server["steps"]:
@@ -228,7 +237,7 @@ def paired(servers: list[tuple[str, dict[str, Any]]]) -> dict[tuple[str, str], l
 
 
 def summarise(servers: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    med, pairs = medians(servers), paired(servers)
+    med, pairs, made = medians(servers), paired(servers), paired(servers, "unexported")
     rows = []
     for w in WORKLOADS:
         for v in ("fp32", "int8") if w == "batch" else ("fp32",):
@@ -242,6 +251,9 @@ def summarise(servers: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]
             ratios = pairs.get((w, v), [])
             row["1.0_over_0.01_paired"] = round(statistics.median(ratios), 3) if ratios else None
             row["1.0_over_0.01_pairs"] = [round(r, 3) for r in ratios]
+            unexported = made.get((w, v), [])
+            row["unexported_1.0_over_0.01_paired"] = round(statistics.median(unexported), 3) if unexported else None
+            row["unexported_1.0_over_0.01_pairs"] = [round(r, 3) for r in unexported]
             row["0.01_over_off"] = round(med[("0.01", w, v)] / off, 3) if off and ("0.01", w, v) in med else None
             row["off_over_before"] = round(off / med[("before", w, v)], 3) if off and ("before", w, v) in med else None
             rows.append(row)
@@ -249,7 +261,7 @@ def summarise(servers: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]
 
 
 def spans_per_request(servers: list[tuple[str, dict[str, Any]]], mode: str) -> float | None:
-    steps = [st for c, out in servers if c == "on" for st in out["steps"] if st["mode"] == mode]
+    steps = [st for c, out in servers if c == "on" for st in out["steps"] if st["mode"] == mode]  # "on" exports
     requests = sum(st["ok"] for st in steps)
     return round(sum(st["spans"] for st in steps) / requests, 2) if requests else None
 
@@ -265,11 +277,12 @@ def stalled(receivers: Receivers, plan: dict[str, Any], log_dir: Path) -> dict[s
 
 def write(result: dict[str, Any], base: Path) -> None:
     write_json(base.with_suffix(".json"), result)
-    ratios = ("1.0_over_0.01_paired", "0.01_over_off", "off_over_before")
+    ratios = ("1.0_over_0.01_paired", "unexported_1.0_over_0.01_paired", "0.01_over_off", "off_over_before")
     rows = [
         [r["workload"], r["variant"], *(r[lab] for lab in LABELS), *(r[k] for k in ratios)] for r in result["summary"]
     ]
     headers = ["workload", "variant", *(f"{lab} CPU ms/image" for lab in LABELS), "1.0 / 0.01 (paired)"]
+    headers += ["1.0 / 0.01 unexported (paired)"]
     headers += ["0.01 / off", "off / before"]
     st = result["stalled"]["steps"]
     lines = [
@@ -341,12 +354,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--before", metavar="REF", help="also run this commit's code (tracing absent) each round")
+    parser.add_argument(
+        "--no-unexported", dest="unexported", action="store_false", help="skip the OTEL_TRACES_EXPORTER=none server"
+    )
     args = parser.parse_args(argv)
     env, run_stamp, t0 = print_environment(), stamp(), time.perf_counter()
     plan = {"duration_s": args.duration, "warmup_s": args.warmup, "concurrency": [8], "timeout_s": 30.0}
     log_dir = Path(tempfile.mkdtemp(prefix="tracing-cost-"))
     print(f"server logs: {log_dir}", file=sys.stderr)
-    configs = (["before"] if args.before else []) + ["off", "on"]
+    configs = (["before"] if args.before else []) + ["off", "on"] + (["unexported"] if args.unexported else [])
     before = worktree(args.before, log_dir) if args.before else None
     servers: list[tuple[str, dict[str, Any]]] = []
     shown: list[str] = []
@@ -356,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.rounds):
                 for config in configs[:: -1 if r % 2 else 1]:
                     modes = ["-"]
-                    if config == "on":  # alternating within the server too: 0.01 1.0 1.0 0.01 ...
+                    if config in TRACED:  # alternating within the server too: 0.01 1.0 1.0 0.01 ...
                         modes = [
                             m
                             for p in range(args.pairs)
