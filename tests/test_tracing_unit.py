@@ -4,7 +4,8 @@ What is checked here is the span tree the app's code makes: tracing off builds n
 span, or the caller's traceparent); a coalesced group's span under its first recorded request, linked to every
 request's, with its downstream calls under it and each request's queue wait linked back; a Classifier batch's span
 linked to every request's, each request's batch-queue span linked to it; the bounded export queue (drops counted,
-never a blocked span end); the OTEL_* parsing; the Router's server span on a 5xx and a 4xx (its parts on fake handles).
+never a blocked span end); the OTEL_* parsing; the Router's server span on a 5xx and a 4xx (its parts on fake handles);
+a decode call's one span.
 The served path across processes, and the OTLP wire formats, are tests/test_tracing.py's.
 """
 
@@ -416,3 +417,36 @@ def test_the_server_spans_status_is_an_error_on_a_5xx_and_left_unset_on_a_4xx(tr
     assert bad_span.attributes["http.response.status_code"] == 400 and bad_span.attributes["error.type"]
     for reply, span in ((failed, failed_span), (bad, bad_span)):
         assert reply.headers["traceparent"] == spans.traceparent(span)
+
+
+# --------------------------------------------------------------------------- the decode call
+
+
+def test_a_decode_call_is_one_span_with_each_images_facts_in_order(traced: Traced) -> None:
+    """One image: a `decode` span with its format, pixels and bytes (an error status where it was refused); several:
+    one `preprocess` span whose attributes hold the same per image as arrays, a refused image's error code in its
+    place, and no span per image."""
+    from app.config import Limits
+    from app.serve.preprocessor import Decoder
+
+    decoder = Decoder(Limits())
+    png = cv2.imencode(".png", np.full((30, 40, 3), 9, np.uint8))[1].tobytes()
+    jpeg = cv2.imencode(".jpg", np.full((20, 10, 3), 9, np.uint8))[1].tobytes()
+    asyncio.run(decoder.many([png], 32))
+    refused = asyncio.run(decoder.many([b"not an image"], 32))
+    several = asyncio.run(decoder.many([jpeg, b"not an image", png], 32))
+    assert list(refused.errors) == [0] and several.positions == [0, 2]
+
+    one, bad = traced.named("decode")
+    assert one.attributes["app.image.format"] == "png" and one.attributes["app.image.pixels"] == 30 * 40
+    assert one.attributes["app.image.bytes"] == len(png) and one.status.status_code is StatusCode.UNSET
+    assert bad.status.status_code is StatusCode.ERROR and bad.attributes["error.type"] == refused.errors[0].code
+    (call,) = traced.named("preprocess")
+    assert call.attributes["app.images"] == 3
+    assert list(call.attributes["app.image.format"]) == ["jpeg", "", "png"]
+    assert list(call.attributes["app.image.pixels"]) == [200, 0, 1200]
+    assert list(call.attributes["app.image.bytes"]) == [len(jpeg), 12, len(png)]
+    assert list(call.attributes["app.image.error"]) == ["", several.errors[1].code, ""]
+    assert len(call.attributes["app.image.decode_ms"]) == 3
+    assert len(traced.named("decode")) == 2  # the call of three made no span per image
+    decoder.executor.shutdown()

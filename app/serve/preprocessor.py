@@ -24,6 +24,7 @@ from app.imaging.decode_budget import DecodeBudget, slots_for
 from app.imaging.payloads import Pixels
 from app.imaging.preprocess import check_header, preprocess
 from app.imaging.transform import Transform
+from app.serve.decode_trace import ImageFacts
 from app.serve.serve_internals import replica_id
 from app.serve.tracing import turn_on_here
 from app.tracing import spans
@@ -70,15 +71,25 @@ class Decoder:
         decoding finishes (its thread cannot be stopped) and keeps its reservation until it does.
         Cancelled (Serve cancels the call when the client goes), it stops before the next image.
 
-        Traced: one `decode` span per image (its format, pixels and bytes; its wait for a decode slot included), under a
-        `preprocess` span (images, bytes) where the call has several, a child of Serve's span for the call.
+        Traced: one span for the call, its wait for decode slots included: `decode` for one image (its format,
+        pixels and bytes), `preprocess` for several (the same per image as arrays in the images' order, with each
+        image's ms and error code): a span per image would cost more to export than most images take to decode.
         """
-        if spans.ENABLED and len(images) > 1:
-            with spans.span("preprocess", {"app.images": len(images), "app.bytes": sum(map(len, images))}):
-                return await self._many(images, size, deadline_s)
-        return await self._many(images, size, deadline_s)
+        if not spans.ENABLED:
+            return await self._many(images, size, deadline_s)
+        facts = ImageFacts()
+        name = "decode" if len(images) == 1 else "preprocess"
+        with spans.span(name, {"app.images": len(images)}) as span:
+            try:
+                return await self._many(images, size, deadline_s, facts)
+            finally:
+                spans.annotate(facts.attributes(), span)
+                if len(images) == 1 and facts.errors and facts.errors[0]:
+                    spans.fail(span, facts.errors[0])
 
-    async def _many(self, images: list[bytes], size: Transform | int, deadline_s: float | None) -> Pixels:
+    async def _many(
+        self, images: list[bytes], size: Transform | int, deadline_s: float | None, facts: ImageFacts | None = None
+    ) -> Pixels:
         t0 = time.perf_counter()
         transform = Transform.square(size) if isinstance(size, int) else size
         rows, positions, errors = [], [], {}
@@ -86,29 +97,30 @@ class Decoder:
             timeout = None if deadline_s is None else deadline_s - time.time()
             if timeout is not None and timeout <= 0:
                 raise ServiceError("inference_timeout", f"the deadline passed before image {i} was decoded")
+            started = time.perf_counter()
             try:
-                rows.append(await self._one(data, transform, timeout))
+                rows.append(await self._decode(data, transform, timeout, facts))
                 positions.append(i)
             except ServiceError as e:
                 errors[i] = e
             except TimeoutError:
+                if facts is not None:
+                    facts.done(len(data), started, "inference_timeout")
                 raise ServiceError(
                     "inference_timeout", f"the deadline passed while image {i} waited for a decode slot"
                 ) from None
+            if facts is not None:
+                facts.done(len(data), started, errors[i].code if i in errors else "")
         array = np.stack(rows) if rows else np.zeros((0, *transform.shape), np.uint8)
         return Pixels(array, round((time.perf_counter() - t0) * 1000.0, 3), errors, positions)
 
-    async def _one(self, data: bytes, transform: Transform, timeout: float | None) -> np.ndarray:
-        if not spans.ENABLED:
-            return await self._decode(data, transform, timeout)
-        with spans.span("decode", {"app.image.bytes": len(data)}) as span:
-            return await self._decode(data, transform, timeout, span)
-
-    async def _decode(self, data: bytes, transform: Transform, timeout: float | None, span: Any = None) -> np.ndarray:
+    async def _decode(
+        self, data: bytes, transform: Transform, timeout: float | None, facts: ImageFacts | None = None
+    ) -> np.ndarray:
         """One image: the header checks here (a refusal waits for nothing), then the decode under its cost."""
         info, cost = check_header(data, self.max_pixels, transform.decode_target, self.max_decode_bytes)
-        if span is not None:
-            spans.annotate({"app.image.format": info.format, "app.image.pixels": info.width * info.height}, span)
+        if facts is not None:
+            facts.header(info.format, info.width * info.height)
         return await self.budget.run(
             cost,
             preprocess,
