@@ -1,7 +1,7 @@
 """What tracing costs: the server's CPU per image with tracing off, on at a sampling ratio of 0.01 and at 1.0, and
 what a stalled collector does to requests.
 
-    python -m benchmarks.tracing_cost --before 92a2417      # about 15 minutes on 2 cores
+    python -m benchmarks.tracing_cost --before 92a2417 --pairs 3      # about 28 minutes on 2 cores
     python -m benchmarks.tracing_cost --rounds 1 --pairs 1 --duration 3 --warmup 1
 
 Each server is configs/local.yaml served as `make serve` serves it (serve.env, HAProxy in front) with every variant
@@ -74,8 +74,12 @@ def target(config: str, endpoint: str, extra: dict[str, str] | None = None, cwd:
     if config == "unexported":
         env["OTEL_TRACES_EXPORTER"] = "none"
     env |= extra or {}
-    names = {"before": "the code before tracing", "off": "tracing off", "on": "tracing on"}
-    name = names.get(config, "tracing on, spans not exported")
+    name = {
+        "before": "the code before tracing",
+        "off": "tracing off",
+        "on": "tracing on",
+        "unexported": "tracing on, spans not exported",
+    }[config]
     key = f"app_trace_{config}"
     # ortcpu: every variant on ONNX Runtime's CPU EP. With `engine: auto` each start measures OpenVINO against ORT and
     # keeps the faster, and on a noisy machine servers would differ in that choice, not only in tracing.
