@@ -54,14 +54,11 @@ def exporters(env: Mapping[str, str]) -> list[str]:
 
 
 def exporter(env: Mapping[str, str]) -> SpanExporter:
-    """The OTLP span exporter for `protocol(env)`; it reads its endpoint, headers and timeout itself."""
-    if protocol(env) == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+    """The OTLP span exporter for `protocol(env)` (`app.tracing.otlp`'s: the SDK's, encoding faster); it reads its
+    endpoint, headers and timeout itself."""
+    from app.tracing import otlp
 
-        return GrpcExporter()
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-
-    return HttpExporter()
+    return otlp.GrpcExporter() if protocol(env) == "grpc" else otlp.HttpExporter()
 
 
 def _int_env(name: str, default: int, env: Mapping[str, str] | None = None) -> int:

@@ -80,12 +80,14 @@ def incoming(traceparent: str | None, tracestate: str | None = None) -> Any:
     here = context.get_current()
     if not traceparent:
         return here
+    serve = _span_of(here).get_span_context()
+    if serve.is_valid and traceparent[3:35] == f"{serve.trace_id:032x}":  # Serve's span continues it: no parsing
+        return here
     carrier = {"traceparent": traceparent} | ({"tracestate": tracestate} if tracestate else {})
     theirs = TraceContextTextMapPropagator().extract(carrier)
     caller = _span_of(theirs).get_span_context()
     if not caller.is_valid:  # a malformed traceparent is ignored, as the W3C spec says
         return here
-    serve = _span_of(here).get_span_context()
     return here if serve.is_valid and serve.trace_id == caller.trace_id else theirs
 
 
