@@ -286,8 +286,7 @@ def wrk_step(
                 raise ConnectionError(f"wrk: {out.stderr.strip() or out.stdout.strip()}")
             return dict(json.loads(out.stdout.splitlines()[-1]))  # the last line: wrk.lua's done()
 
-        if warmup_s > 0:
-            wrk(warmup_s)
+        warm = wrk(warmup_s) if warmup_s > 0 else {"requests": 0}
         # A server that cannot cancel (a blocked event loop, a batch queue) still serves the requests of clients
         # that left (the warm-up's, the last step's): one request answered after them drains that backlog first.
         drain = urllib.request.Request(wl.target, payloads[0][0], {**payloads[0][1], **wl.headers()})
@@ -302,6 +301,7 @@ def wrk_step(
     sizes = [int(size) for size, n in got["batch_sizes"].items() for _ in range(n)]
     latency = {f"{q}_ms": lat[q] / 1000 if ok else None for q in [*(f"p{p}" for p in PERCENTILES), "max"]}
     head = {"mode": "closed", "concurrency": concurrency, "client": "wrk", "requests": got["requests"], "ok": ok}
+    head["warmup_requests"] = warm["requests"]  # sent before the window (and one drain request): not measured
     head["client_cpu_s"] = round(sum(client1[2:4]) - sum(client0[2:4]), 3)
     head["server_cpu_s"] = None if server0 is None or server1 is None else round(server1 - server0, 3)
     step = _step(wl, got["duration_us"] / 1e6, ok, errors, Counter(got["variants"]), sizes, latency_ms=latency, **head)

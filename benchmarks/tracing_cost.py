@@ -15,7 +15,8 @@ in alternating order, round after round:
 - "off": this code, tracing not turned on;
 - "on": tracing turned on as an operator does, by environment (RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH, and
   OTEL_TRACES_SAMPLER=parentbased_traceidratio with OTEL_TRACES_SAMPLER_ARG=0.01), exporting over OTLP/HTTP to a
-  receiver in this process (tests.otlp_receiver: it decodes the wire format and counts the spans, on the same cores).
+  receiver in this process (tests.otlp_receiver: it decodes the wire format and counts the spans, on the same cores),
+  at the exporters' defaults (every 5 s, or at 512 spans).
   Its steps alternate, in pairs, between requests without a traceparent (sampled at 0.01) and requests whose caller's
   traceparent says sampled (so every one is traced: 1.0), so 1.0 against 0.01 is measured on one server, step after
   step, free of the start-to-start drift that two servers' comparison carries;
@@ -69,7 +70,6 @@ def target(config: str, endpoint: str, extra: dict[str, str] | None = None, cwd:
             "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
             "OTEL_SERVICE_NAME": "image-classifier-bench",
             "OTEL_EXPERIMENTAL_RESOURCE_DETECTORS": "otel,process",  # the process id: which replica made a span
-            "OTEL_BSP_SCHEDULE_DELAY": "500",  # a step's spans are in before the next step's warm-up ends
         }
     if config == "unexported":
         env["OTEL_TRACES_EXPORTER"] = "none"
@@ -157,26 +157,49 @@ def one_trace(url: str, receivers: Receivers) -> list[str]:
     return [f"reply traceparent: {reply.headers.get('traceparent')}", *render(spans)]
 
 
-def sampled_caller() -> tuple[tuple[str, str], ...]:
-    """A caller's traceparent that says sampled (one trace id for the step: the cost per span is the same)."""
-    return (("traceparent", f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"),)
+def sampled_caller(trace_id: str | None = None) -> tuple[tuple[str, str], ...]:
+    """A caller's traceparent that says sampled (one trace id for a step: the cost per span is the same, and the
+    step's spans are found by it whenever their export arrives)."""
+    return (("traceparent", f"00-{trace_id or secrets.token_hex(16)}-{secrets.token_hex(8)}-01"),)
+
+
+def settled(receivers: Receivers, quiet_s: float = 6.5, limit_s: float = 60.0) -> None:
+    """Until no span has arrived for `quiet_s` (longer than the exporters' 5 s schedule), at most `limit_s`."""
+    deadline, last, since = time.monotonic() + limit_s, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        if receivers.sink.count != last:
+            last, since = receivers.sink.count, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.25)
 
 
 def steps_of(t: bench.Target, plan: dict[str, Any], server: Any, modes: list[str], receivers: Receivers) -> Any:
     """benchmarks.run's workloads once per mode, in that order: "0.01" sends no traceparent, "1.0" a sampled caller's
-    ("-": tracing is not on); each step tagged with its mode and the spans received during it."""
+    ("-": tracing is not on); each step tagged with its mode, the spans that arrived during it, and (once every
+    export is in) the spans of its trace id and the requests it sent."""
     steps = []
+    start = receivers.sink.count
     for mode in modes:
-        extra = sampled_caller() if mode == "1.0" else ()
         for name in WORKLOADS:
             levels = bench.WORKLOADS[name][0]
             for variant in ("fp32", "int8") if name == "batch" else ("fp32",):
+                tid = secrets.token_hex(16) if mode == "1.0" else None
+                extra = sampled_caller(tid) if tid else ()
                 wl = dataclasses.replace(bench.workload(t, name, variant, plan["timeout_s"]), extra=extra)
                 before = receivers.sink.count
                 step = wrk_step(wl, levels[0] if levels else 8, plan["duration_s"], plan["warmup_s"], server)
-                spans = receivers.sink.count - before
-                step |= {"workload": name, "mode": mode, "spans": spans, **cost.per_image(step, None)}
+                arrived = receivers.sink.count - before
+                step |= {"workload": name, "mode": mode, "trace_id": tid, "arrived": arrived}
+                step |= cost.per_image(step, None)
                 steps.append(step)
+    if any(m != "-" for m in modes):  # every step's spans in (the exporters send every 5 s), each 1.0 step's by its id
+        settled(receivers)
+        for st in steps:
+            st["sent"] = st["requests"] + st["warmup_requests"] + 1  # the measured, the warm-up's and the drain
+            st["spans"] = receivers.sink.by_trace[st["trace_id"]] if st["trace_id"] else None
+        traced = sum(st["spans"] or 0 for st in steps)
+        steps[-1]["untraced_spans"] = receivers.sink.count - start - traced  # the 0.01 steps' (and the 1% sampled)
     return steps
 
 
@@ -265,9 +288,14 @@ def summarise(servers: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]
 
 
 def spans_per_request(servers: list[tuple[str, dict[str, Any]]], mode: str) -> float | None:
-    steps = [st for c, out in servers if c == "on" for st in out["steps"] if st["mode"] == mode]  # "on" exports
-    requests = sum(st["ok"] for st in steps)
-    return round(sum(st["spans"] for st in steps) / requests, 2) if requests else None
+    """Spans the collector received per request sent, in the "on" servers' steps of `mode` (warm-ups included)."""
+    steps = [st for c, out in servers if c == "on" for st in out["steps"]]  # "on" exports
+    sent = sum(st["sent"] for st in steps if st["mode"] == mode)
+    if mode == "1.0":
+        spans = sum(st["spans"] for st in steps if st["mode"] == mode)
+    else:
+        spans = sum(st.get("untraced_spans", 0) for st in steps)
+    return round(spans / sent, 2) if sent else None
 
 
 def stalled(receivers: Receivers, plan: dict[str, Any], log_dir: Path) -> dict[str, Any]:
@@ -305,7 +333,7 @@ def write(result: dict[str, Any], base: Path) -> None:
         "## A stalled collector (every request traced, OTEL_BSP_MAX_QUEUE_SIZE=256, every export held)",
         "",
         f"Requests {sum(s['requests'] for s in st)}, failed {sum(s['requests'] - s['ok'] for s in st)}; spans "
-        f"received while held: {sum(s['spans'] for s in st)}.",
+        f"received while held: {sum(s['arrived'] for s in st)}.",
         "",
         markdown_table(
             ["workload", "variant", "images/s", "p99 ms", "CPU ms/image"],

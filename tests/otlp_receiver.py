@@ -11,6 +11,7 @@ import gzip
 import http.server
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -67,14 +68,17 @@ class Spans:
     flowing: threading.Event = field(default_factory=threading.Event)  # cleared: every export waits (hold)
     keep: bool = True  # False: spans are counted, not kept (a benchmark's long run)
     count: int = 0
+    by_trace: Counter[str] = field(default_factory=Counter)  # spans received by trace id (hex)
 
     def take(self, request: svc.ExportTraceServiceRequest, via: str) -> None:
         self.flowing.wait(HOLD_LIMIT_S)
         if not self.keep:
-            n = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+            ids = Counter(s.trace_id for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans)
             with self.lock:
-                self.count += n
+                self.count += ids.total()
                 self.requests[via] += 1
+                for tid, n in ids.items():
+                    self.by_trace[tid.hex()] += n
             return
         got = []
         for rs in request.resource_spans:
@@ -99,6 +103,7 @@ class Spans:
                     )
         with self.lock:
             self.spans.extend(got)
+            self.by_trace.update(s.trace_id for s in got)
             self.count += len(got)
             self.requests[via] += 1
 

@@ -1,4 +1,5 @@
-"""benchmarks/where.py's pure parts: naming processes by role, py-spy's stacks by package, the tables. No Ray."""
+"""benchmarks/where.py's pure parts: naming processes by role, py-spy's stacks by package, the tables; and
+benchmarks/tracing_profile.py's rule for a sample that ran tracing code. No Ray."""
 
 from __future__ import annotations
 
@@ -86,3 +87,21 @@ def test_perf_missing_is_refused_before_any_target_starts(monkeypatch: pytest.Mo
     with pytest.raises(SystemExit) as e:
         main(["--targets", "app_ortcpu", "--perf"])
     assert e.value.code == 2  # argparse's usage error: nothing was started
+
+
+def test_a_sample_is_tracings_by_its_export_thread_or_its_innermost_non_stdlib_frame(tmp_path: Path) -> None:
+    from benchmarks.tracing_profile import is_tracing, tracing_share
+
+    std, site = "/root/.pyenv/versions/3.11.7/lib/python3.11", "/w/.venv/lib/python3.11/site-packages"
+    thread = f"Thread.run ({std}/threading.py:982)"
+    export = [thread, f"BatchProcessor.worker ({site}/opentelemetry/sdk/_shared_internal/__init__.py:162)"]
+    assert is_tracing([*export, f"Session.send ({site}/requests/sessions.py:700)"])  # the export thread's post
+    in_app_span = [thread, "Ingress._traced (/w/app/http/ingress.py:51)", "start (/w/app/tracing/spans.py:100)"]
+    assert is_tracing([*in_app_span, f"RLock.__enter__ ({std}/threading.py:100)"])  # stdlib under tracing code
+    assert is_tracing([thread, f"enter ({site}/ray/serve/_private/tracing_utils.py:110)"])
+    assert not is_tracing([*in_app_span, "decode (/w/app/imaging/decode.py:10)"])  # tracing above, not innermost
+    assert not is_tracing([thread, f"Replica.call ({site}/ray/serve/_private/replica.py:3309)"])
+    assert not is_tracing([thread])
+    raw = tmp_path / "Router.txt"
+    raw.write_text(";".join([*export, f"encode ({site}/opentelemetry/x.py:1)"]) + " 3\n" + thread + " 5\n")
+    assert tracing_share(raw) == (8, 3)
