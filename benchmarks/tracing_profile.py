@@ -2,11 +2,13 @@
 replica spent in tracing code, at a sampling ratio of 0.01 and at 1.0, on one server.
 
     python -m benchmarks.tracing_profile --pairs 4 --duration 12      # about 4 minutes on 2 cores
+    python -m benchmarks.tracing_profile --pairs 4 --duration 12 --workload batch     # 16 images per request
 
 The server is benchmarks.tracing_cost's "on" (configs/local.yaml as `make serve` serves it, every variant on ONNX
-Runtime's CPU EP, OTLP/HTTP export to a receiver in this process, every 5 s). Its single-image steps (benchmarks.run's
-"sweep", c=8) alternate in pairs between requests without a traceparent (0.01) and requests whose caller's traceparent
-says sampled (1.0), while `py-spy record --gil` samples each replica 200 times a second (a thread holding the GIL:
+Runtime's CPU EP, OTLP/HTTP export to a receiver in this process, every 5 s). Its steps of one of benchmarks.run's
+workloads ("sweep": single images, the default; "batch": 16 per request; FP32, c=8) alternate in pairs between
+requests without a traceparent (0.01) and requests whose caller's traceparent says sampled (1.0), while
+`py-spy record --gil` samples each replica 200 times a second (a thread holding the GIL:
 Python running; each sample stands for 5 ms of it). A sample is tracing's when the export thread took it
 (OpenTelemetry's BatchSpanProcessor worker: encoding, the OTLP post) or its innermost frame outside the standard
 library is tracing code (OpenTelemetry, protobuf, Serve's tracing_utils, app.tracing, app.serve's batch_trace,
@@ -44,6 +46,7 @@ TRACING = re.compile(
     r"|/app/serve/(batch_trace|decode_trace|tracing)\.py"
 )
 STDLIB = re.compile(r"/lib/python3\.\d+/(?!site-packages/)")
+WHAT = {"sweep": "single-image", "batch": "16-image"}
 RATE = 200  # samples a second of a thread holding the GIL: each one stands for 1/RATE s of Python running
 EXPORT_THREAD = re.compile(r"BatchProcessor\.worker .*/opentelemetry/")
 
@@ -82,7 +85,7 @@ def replicas(server: ServerProcess) -> dict[str, int]:
 def sampled_step(t: bench.Target, mode: str, plan: dict[str, Any], server: ServerProcess, spy: Path) -> dict[str, Any]:
     """One sweep step in `mode` with each replica sampled for the measured window; CPU per image by replica."""
     wl = dataclasses.replace(
-        bench.workload(t, "sweep", "fp32", plan["timeout_s"]), extra=sampled_caller() if mode == "1.0" else ()
+        bench.workload(t, plan["workload"], "fp32", plan["timeout_s"]), extra=sampled_caller() if mode == "1.0" else ()
     )
     pids = replicas(server)
     exe = shutil.which("py-spy") or str(Path(bench.PY).parent / "py-spy")
@@ -173,7 +176,8 @@ def write(result: dict[str, Any], base: Path) -> None:
     lines = [
         f"# Where tracing's CPU goes ({result['stamp']})",
         "",
-        f"`{result['command']}`: one server (tracing on, OTLP/HTTP), {result['pairs']} pairs of single-image steps "
+        f"`{result['command']}`: one server (tracing on, OTLP/HTTP), {result['pairs']} pairs of "
+        f"{WHAT[result['plan']['workload']]} steps "
         f"(c=8, {result['plan']['duration_s']} s each after {result['plan']['warmup_s']} s warm-up) alternating "
         f"0.01 and 1.0, each replica sampled by py-spy --gil {RATE} times a second. Medians over the steps of each "
         "mode; a replica's share is of its Python samples.",
@@ -214,7 +218,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.bar([x + i * 0.4 for x in range(len(names))], shares, 0.4, label=f"sampled {mode}")
     ax.set_xticks([x + 0.2 for x in range(len(names))], names)
     ax.set_ylabel("% of the replica's Python samples in tracing code")
-    ax.set_title("Where tracing's CPU goes (single images, c=8)")
+    ax.set_title(f"Where tracing's CPU goes ({WHAT[result['plan']['workload']]}, c=8)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -225,10 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=4, help="0.01/1.0 step pairs")
     parser.add_argument("--duration", type=float, default=12.0, help="measured s per step")
     parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--workload", choices=sorted(WHAT), default="sweep")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
     env, run_stamp, t0 = print_environment(), stamp(), time.perf_counter()
     plan = {"duration_s": args.duration, "warmup_s": args.warmup, "concurrency": [8], "timeout_s": 30.0}
+    plan["workload"] = args.workload
     log_dir = Path(tempfile.mkdtemp(prefix="tracing-profile-"))
     print(f"server logs and samples: {log_dir}", file=sys.stderr)
     modes = [m for p in range(args.pairs) for m in (("0.01", "1.0") if p % 2 == 0 else ("1.0", "0.01"))]
@@ -251,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summarise(out["steps"]),
         "wall_s": round(time.perf_counter() - t0, 1),
     }
-    base = args.out_dir / f"{run_stamp}-{host_name()}-tracing-profile"
+    base = args.out_dir / f"{run_stamp}-{host_name()}-tracing-profile{'' if args.workload == 'sweep' else '-batch'}"
     write(result, base)
     print(base.with_suffix(".md").read_text())
     return 0
